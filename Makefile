@@ -1,0 +1,38 @@
+# The two commands of the README: `make run` and `make test`. Everything they need is installed here.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+AZURITE := tools/node_modules/.bin/azurite
+
+.PHONY: run test check clean
+
+run: $(VENV)/.run-deps
+	$(BIN)/python -m outbox.local
+
+test: $(VENV)/.dev-deps $(AZURITE)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+check: $(VENV)/.dev-deps
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is needed (set PYTHON=...)"'
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+
+$(VENV)/.run-deps: requirements.txt requirements-local.txt | $(BIN)/python
+	$(BIN)/pip install -q -r requirements-local.txt
+	touch $@
+
+$(VENV)/.dev-deps: requirements.txt requirements-local.txt requirements-dev.txt | $(BIN)/python
+	$(BIN)/pip install -q -r requirements-dev.txt
+	touch $@ $(VENV)/.run-deps
+
+$(AZURITE): tools/package.json tools/package-lock.json
+	npm ci --prefix tools --no-audit --no-fund --loglevel=error
+	touch $@
+
+clean:
+	rm -rf $(VENV) tools/node_modules .local .pytest_cache .mypy_cache .ruff_cache
