@@ -1,0 +1,28 @@
+"""The relay's exceptions: one base class, each subclass says what went wrong and what to do."""
+
+from __future__ import annotations
+
+
+class OutboxError(Exception):
+    """Base class of every error the relay raises on purpose."""
+
+
+class ConfigurationError(OutboxError):
+    """A setting is missing or invalid. The message names the setting, never its secret value."""
+
+
+class InvalidMessageError(OutboxError, ValueError):
+    """An event cannot be enqueued: bad event type, or a payload that is not a JSON object,
+    not serialisable, or too large. Raised before anything is written."""
+
+
+class TransactionRequiredError(OutboxError):
+    """``enqueue`` was called outside a transaction, where it could not be atomic with your rows."""
+
+
+class DuplicateMessageError(OutboxError):
+    """``enqueue`` was given a message id that already exists in ``outbox_messages``."""
+
+
+class MigrationError(OutboxError):
+    """The migrations on disk disagree with the ones recorded in the database."""
