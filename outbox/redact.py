@@ -1,0 +1,49 @@
+"""Keep secrets out of everything the relay writes: logs, last_error, summaries, error responses."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from urllib.parse import urlsplit
+
+from outbox.settings import Settings
+
+# Connection-string keys whose values are credentials (Azure Storage, and the like).
+_CREDENTIAL_PAIR = re.compile(r"(?i)\b(AccountKey|SharedAccessSignature|sig|password|pwd)=[^;&\s]+")
+# user:password@ in any URL.
+_URL_PASSWORD = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^/\s:@]*):[^@\s/]*@")
+
+
+class Redactor:
+    """Replaces every configured secret (and anything shaped like a credential) in a text."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        # Longest first, so a secret that contains another is replaced whole.
+        self._secrets = sorted({s for s in secrets if len(s) >= 4}, key=len, reverse=True)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Redactor:
+        secrets: list[str] = [settings.database_url.get_secret_value()]
+        password = urlsplit(settings.database_url.get_secret_value()).password
+        if password:
+            secrets.append(password)
+        if settings.queue_connection is not None:
+            secrets.append(settings.queue_connection.get_secret_value())
+        for endpoint in settings.webhooks.values():
+            # Webhook URLs are often capabilities themselves (a token in the path or query).
+            secrets.append(endpoint.url)
+            parts = urlsplit(endpoint.url)
+            if parts.path.strip("/") or parts.query:
+                secrets.append(parts.path + ("?" + parts.query if parts.query else ""))
+            if endpoint.secret is not None:
+                value = endpoint.secret.get_secret_value()
+                secrets.extend([value, *value.split()])
+                secrets.extend(part.removeprefix("whsec_") for part in value.split())
+        return cls(secrets)
+
+    def __call__(self, text: str) -> str:
+        for secret in self._secrets:
+            if secret in text:
+                text = text.replace(secret, "[redacted]")
+        text = _CREDENTIAL_PAIR.sub(lambda m: f"{m.group(1)}=[redacted]", text)
+        return _URL_PASSWORD.sub(r"\1:[redacted]@", text)

@@ -1,0 +1,216 @@
+"""Every knob of the relay: its environment name, default and bounds.
+
+Settings come from the environment, which on Azure Functions means the app settings (and locally
+``local.settings.json``). A bad value fails at start-up with a message that names the setting; the
+value itself is never echoed, because several settings carry secrets.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+from collections.abc import Mapping
+from typing import Annotated, Any, Self
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from outbox.errors import ConfigurationError
+
+SECRET_PREFIX = "whsec_"  # noqa: S105 - the Standard Webhooks prefix, not a secret
+DEFAULT_QUEUE_NAME = "outbox-wakeup"
+DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
+# Azure Storage queue names: 3-63 characters, lowercase letters, digits and single hyphens.
+_QUEUE_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
+
+# Environment names of fields whose name is not OUTBOX_<FIELD>.
+_ENV_NAMES = {
+    "queue_connection": "AzureWebJobsStorage",
+    "queue_service_uri": "AzureWebJobsStorage__queueServiceUri",
+    "queue_account_name": "AzureWebJobsStorage__accountName",
+}
+
+
+def env_name(field: str) -> str:
+    """The environment variable (app setting) that sets ``field``."""
+    if field in _ENV_NAMES.values():
+        return field
+    return _ENV_NAMES.get(field, f"OUTBOX_{field.upper()}")
+
+
+def decode_secret(part: str) -> bytes:
+    """The HMAC key inside one ``whsec_<base64>`` secret; a ValueError without it if malformed."""
+    if not part.startswith(SECRET_PREFIX):
+        raise ValueError(f"each secret must start with {SECRET_PREFIX!r}")
+    try:
+        key = base64.b64decode(part[len(SECRET_PREFIX) :], validate=True)
+    except binascii.Error:
+        raise ValueError(f"the part after {SECRET_PREFIX!r} must be base64") from None
+    if len(key) < 16:
+        raise ValueError("a secret must decode to at least 16 bytes")
+    return key
+
+
+class WebhookEndpoint(BaseModel):
+    """Where one event type is delivered, and the secrets its requests are signed with."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    url: str
+    secret: SecretStr | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("url must be an absolute http:// or https:// URL")
+        return url
+
+    @field_validator("secret")
+    @classmethod
+    def _check_secret(cls, secret: SecretStr | None) -> SecretStr | None:
+        if secret is not None:
+            parts = secret.get_secret_value().split()
+            if not parts:
+                raise ValueError("secret is empty; omit it to send unsigned requests")
+            for part in parts:
+                decode_secret(part)
+        return secret
+
+    @property
+    def signing_keys(self) -> tuple[bytes, ...]:
+        """One HMAC key per configured secret (several during a rotation)."""
+        if self.secret is None:
+            return ()
+        return tuple(decode_secret(part) for part in self.secret.get_secret_value().split())
+
+
+class QueueSettings(BaseSettings):
+    """Where wake-up hints go: all a producer needs (none of the relay's other settings)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="OUTBOX_", extra="ignore", frozen=True, populate_by_name=True
+    )
+
+    queue_name: str = DEFAULT_QUEUE_NAME
+    queue_connection: SecretStr | None = Field(
+        default=None, validation_alias=AliasChoices("AzureWebJobsStorage", "queue_connection")
+    )
+    queue_service_uri: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("AzureWebJobsStorage__queueServiceUri", "queue_service_uri"),
+    )
+    queue_account_name: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("AzureWebJobsStorage__accountName", "queue_account_name"),
+    )
+
+    @field_validator("queue_name")
+    @classmethod
+    def _check_queue_name(cls, name: str) -> str:
+        if not _QUEUE_NAME.match(name):
+            raise ValueError(
+                "must be a valid Azure Storage queue name: 3-63 lowercase letters, digits "
+                "and single hyphens, starting and ending with a letter or digit"
+            )
+        return name
+
+    @property
+    def has_queue(self) -> bool:
+        """Whether a wake-up queue connection is configured (connection string or identity)."""
+        return bool(self.queue_connection or self.queue_service_uri or self.queue_account_name)
+
+    @classmethod
+    def load(cls, **overrides: Any) -> Self:
+        """Read settings from the environment; raise ConfigurationError naming each bad setting."""
+        try:
+            return cls(**overrides)
+        except ValidationError as exc:
+            raise ConfigurationError(describe_errors(exc)) from None
+
+
+class Settings(QueueSettings):
+    """The relay's configuration. ``Settings.load()`` reads it from the environment."""
+
+    database_url: SecretStr
+    webhooks: Annotated[dict[str, WebhookEndpoint], NoDecode] = Field(default_factory=dict)
+    batch_size: int = Field(default=100, ge=1, le=1000)
+    lease_seconds: float = Field(default=60.0, ge=1, le=3600)
+    max_attempts: int = Field(default=10, ge=1, le=100)
+    http_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    concurrency: int = Field(default=16, ge=1, le=256)
+    run_budget_seconds: float = Field(default=240.0, gt=0, le=3600)
+    max_payload_bytes: int = Field(default=DEFAULT_MAX_PAYLOAD_BYTES, ge=1024, le=64 * 1_048_576)
+    db_pool_size: int = Field(default=4, ge=2, le=100)
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, url: SecretStr) -> SecretStr:
+        if urlsplit(url.get_secret_value()).scheme not in ("postgres", "postgresql"):
+            raise ValueError("must be a postgresql:// URL")
+        return url
+
+    @field_validator("webhooks", mode="before")
+    @classmethod
+    def _parse_webhooks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else {}
+            except json.JSONDecodeError as exc:
+                # exc.msg and the position only: the text itself may contain secrets.
+                raise ValueError(
+                    f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+                ) from None
+        if not isinstance(value, Mapping):
+            raise ValueError('must be a JSON object: {"EventType": {"url": ..., "secret": ...}}')
+        return value
+
+    @model_validator(mode="after")
+    def _check_lease_outlives_timeout(self) -> Settings:
+        # A delivery may only start while the lease still outlives its timeout.
+        if self.lease_seconds <= self.http_timeout_seconds + 1:
+            raise ValueError(
+                f"{env_name('lease_seconds')} ({self.lease_seconds:g}) must exceed "
+                f"{env_name('http_timeout_seconds')} ({self.http_timeout_seconds:g}) by more "
+                "than one second, or no delivery could finish within its lease"
+            )
+        return self
+
+    @property
+    def batch_rounds(self) -> int:
+        """How many delivery rounds one batch takes at full concurrency."""
+        return math.ceil(self.batch_size / self.concurrency)
+
+
+def describe_errors(exc: ValidationError) -> str:
+    """A readable list of what is wrong, by environment name, without any input value."""
+    lines = []
+    for error in exc.errors(include_input=False, include_url=False, include_context=False):
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "missing":
+            message = "is required but not set"
+        lines.append(f"{_describe_location(error['loc'])}{message}")
+    return "invalid configuration: " + "; ".join(lines)
+
+
+def _describe_location(loc: tuple[int | str, ...]) -> str:
+    """``OUTBOX_WEBHOOKS['OrderCompleted'].secret: `` for a nested error, empty for a model one."""
+    if not loc:
+        return ""
+    key = f"[{str(loc[1])!r}]" if len(loc) > 1 else ""
+    rest = "".join(f".{part}" for part in loc[2:])
+    return f"{env_name(str(loc[0]))}{key}{rest}: "

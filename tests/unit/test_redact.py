@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from outbox.redact import Redactor
+from outbox.settings import Settings
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+
+
+def settings() -> Settings:
+    return Settings.load(
+        database_url="postgresql://relay:db-pass-123@db.example.com/app",
+        webhooks={
+            "A": {"url": "https://hooks.example.com/T000/B000/tokenXYZ?key=abc", "secret": SECRET}
+        },
+        queue_connection="DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=S3cr3tKey==;",
+    )
+
+
+def test_configured_secrets_are_replaced_everywhere_in_a_text() -> None:
+    redact = Redactor.from_settings(settings())
+    text = redact(
+        f"failed: {SECRET} to https://hooks.example.com/T000/B000/tokenXYZ?key=abc "
+        "db postgresql://relay:db-pass-123@db.example.com/app; AccountKey=S3cr3tKey==;"
+    )
+    for leak in ("MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", "tokenXYZ", "db-pass-123", "S3cr3tKey"):
+        assert leak not in text
+    assert text.count("[redacted]") >= 4
+
+
+def test_credential_shapes_are_redacted_even_when_not_configured() -> None:
+    redact = Redactor([])
+    assert redact("AccountKey=abc123;AccountName=x") == "AccountKey=[redacted];AccountName=x"
+    assert redact("see https://user:pw@host/path") == "see https://user:[redacted]@host/path"
+    assert redact("sig=abcdef&se=2026") == "sig=[redacted]&se=2026"
+
+
+def test_text_without_secrets_is_unchanged() -> None:
+    assert (
+        Redactor.from_settings(settings())("HTTP 500: internal error") == "HTTP 500: internal error"
+    )

@@ -1,0 +1,157 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from outbox.errors import ConfigurationError
+from outbox.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+DB = "postgresql://relay:hunter2-db-password@db.example.com:5432/app"
+
+
+@pytest.fixture
+def env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", DB)
+    return monkeypatch
+
+
+def load_error(**overrides: object) -> str:
+    with pytest.raises(ConfigurationError) as info:
+        Settings.load(**overrides)
+    return str(info.value)
+
+
+def test_defaults_from_a_minimal_environment(env: pytest.MonkeyPatch) -> None:
+    settings = Settings.load()
+    assert settings.database_url.get_secret_value() == DB
+    assert settings.queue_name == DEFAULT_QUEUE_NAME == "outbox-wakeup"
+    assert settings.batch_size == 100
+    assert settings.webhooks == {}
+    assert settings.queue_connection is None
+    assert not settings.has_queue
+
+
+def test_every_setting_is_read_from_its_documented_name(env: pytest.MonkeyPatch) -> None:
+    env.setenv(
+        "OUTBOX_WEBHOOKS", json.dumps({"A": {"url": "https://a.example/h", "secret": SECRET}})
+    )
+    env.setenv("OUTBOX_QUEUE_NAME", "my-hints")
+    env.setenv("AzureWebJobsStorage", "UseDevelopmentStorage=true")
+    env.setenv("OUTBOX_BATCH_SIZE", "7")
+    env.setenv("OUTBOX_LEASE_SECONDS", "45")
+    env.setenv("OUTBOX_MAX_ATTEMPTS", "3")
+    env.setenv("OUTBOX_HTTP_TIMEOUT_SECONDS", "2.5")
+    env.setenv("OUTBOX_CONCURRENCY", "4")
+    env.setenv("OUTBOX_RUN_BUDGET_SECONDS", "30")
+    settings = Settings.load()
+    assert settings.webhooks["A"].url == "https://a.example/h"
+    assert len(settings.webhooks["A"].signing_keys) == 1
+    assert settings.queue_name == "my-hints"
+    assert settings.queue_connection is not None
+    assert settings.queue_connection.get_secret_value() == "UseDevelopmentStorage=true"
+    assert (settings.batch_size, settings.lease_seconds, settings.max_attempts) == (7, 45, 3)
+    assert (settings.http_timeout_seconds, settings.concurrency) == (2.5, 4)
+    assert settings.run_budget_seconds == 30
+
+
+def test_identity_based_queue_connection_counts_as_configured(env: pytest.MonkeyPatch) -> None:
+    env.setenv("AzureWebJobsStorage__accountName", "mystorage")
+    assert QueueSettings.load().has_queue
+
+
+def test_missing_database_url_is_named() -> None:
+    assert "OUTBOX_DATABASE_URL: is required but not set" in load_error()
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "expected"),
+    [
+        ("OUTBOX_BATCH_SIZE", "0", "OUTBOX_BATCH_SIZE: Input should be greater than or equal to 1"),
+        ("OUTBOX_BATCH_SIZE", "lots", "OUTBOX_BATCH_SIZE: Input should be a valid integer"),
+        ("OUTBOX_CONCURRENCY", "1000", "OUTBOX_CONCURRENCY: Input should be less than"),
+        ("OUTBOX_MAX_ATTEMPTS", "0", "OUTBOX_MAX_ATTEMPTS: Input should be greater than"),
+        ("OUTBOX_HTTP_TIMEOUT_SECONDS", "-1", "OUTBOX_HTTP_TIMEOUT_SECONDS: Input should be"),
+        ("OUTBOX_QUEUE_NAME", "Bad_Name", "OUTBOX_QUEUE_NAME: must be a valid Azure Storage queue"),
+        ("OUTBOX_WEBHOOKS", "[1]", "OUTBOX_WEBHOOKS: must be a JSON object"),
+        ("OUTBOX_WEBHOOKS", "{nope", "OUTBOX_WEBHOOKS: is not valid JSON"),
+        ("OUTBOX_LEASE_SECONDS", "5", "OUTBOX_LEASE_SECONDS (5) must exceed"),
+    ],
+)
+def test_bad_values_name_the_setting(
+    env: pytest.MonkeyPatch, name: str, value: str, expected: str
+) -> None:
+    env.setenv(name, value)
+    assert expected in load_error()
+
+
+def test_a_bad_database_url_is_rejected_without_echoing_it(env: pytest.MonkeyPatch) -> None:
+    env.setenv("OUTBOX_DATABASE_URL", "mysql://root:topsecretpw@db/app")
+    message = load_error()
+    assert "OUTBOX_DATABASE_URL: must be a postgresql:// URL" in message
+    assert "topsecretpw" not in message
+
+
+@pytest.mark.parametrize(
+    ("secret", "expected"),
+    [
+        ("c2VjcmV0LXZhbHVlLXRoYXQtbGVha3M=", "each secret must start with 'whsec_'"),
+        ("whsec_not*base64*leaky-part", "the part after 'whsec_' must be base64"),
+        ("whsec_c2hvcnQ=", "at least 16 bytes"),
+        (f"{SECRET} whsec_bad!leaky-part", "must be base64"),
+        ("   ", "secret is empty"),
+    ],
+)
+def test_bad_webhook_secrets_name_the_event_type_but_never_the_secret(
+    env: pytest.MonkeyPatch, secret: str, expected: str
+) -> None:
+    env.setenv(
+        "OUTBOX_WEBHOOKS",
+        json.dumps({"OrderCompleted": {"url": "https://x.example", "secret": secret}}),
+    )
+    message = load_error()
+    assert "OUTBOX_WEBHOOKS['OrderCompleted'].secret" in message
+    assert expected in message
+    for part in secret.split():
+        assert part.removeprefix("whsec_") not in message
+
+
+def test_webhook_json_errors_do_not_echo_the_text(env: pytest.MonkeyPatch) -> None:
+    env.setenv("OUTBOX_WEBHOOKS", '{"A": {"url": "https://x", "secret": "whsec_leakyleaky"')
+    message = load_error()
+    assert "leakyleaky" not in message
+    assert "line 1 column" in message
+
+
+@pytest.mark.parametrize("url", ["ftp://x.example/h", "/relative", "https://", "not a url"])
+def test_webhook_urls_must_be_absolute_http(env: pytest.MonkeyPatch, url: str) -> None:
+    env.setenv("OUTBOX_WEBHOOKS", json.dumps({"A": {"url": url}}))
+    assert (
+        "OUTBOX_WEBHOOKS['A'].url: url must be an absolute http:// or https:// URL" in load_error()
+    )
+
+
+def test_unknown_endpoint_keys_are_rejected(env: pytest.MonkeyPatch) -> None:
+    env.setenv("OUTBOX_WEBHOOKS", json.dumps({"A": {"url": "https://x.example", "secert": SECRET}}))
+    message = load_error()
+    assert "OUTBOX_WEBHOOKS['A'].secert: Extra inputs are not permitted" in message
+    assert SECRET not in message
+
+
+def test_rotation_accepts_several_space_separated_secrets(env: pytest.MonkeyPatch) -> None:
+    other = "whsec_QUJDREVGR0hJSktMTU5PUFFSU1RVVldY"
+    env.setenv(
+        "OUTBOX_WEBHOOKS",
+        json.dumps({"A": {"url": "https://x.example", "secret": f"{SECRET} {other}"}}),
+    )
+    assert len(Settings.load().webhooks["A"].signing_keys) == 2
+
+
+def test_settings_repr_hides_secrets(env: pytest.MonkeyPatch) -> None:
+    env.setenv("OUTBOX_WEBHOOKS", json.dumps({"A": {"url": "https://x.example", "secret": SECRET}}))
+    env.setenv("AzureWebJobsStorage", "AccountName=a;AccountKey=c3VwZXJzZWNyZXQ=")
+    text = repr(Settings.load())
+    assert "hunter2" not in text
+    assert SECRET not in text
+    assert "c3VwZXJzZWNyZXQ=" not in text
