@@ -1,0 +1,175 @@
+"""The producer side: ``enqueue`` inside the caller's transaction, ``notify`` after the commit.
+
+::
+
+    async with conn.transaction():
+        await conn.execute("UPDATE orders SET status = 'completed' WHERE id = $1", order_id)
+        await outbox.enqueue(conn, "OrderCompleted", {"orderId": order_id})
+    await outbox.notify(queue)          # after the commit; never raises
+
+or, doing both::
+
+    async with outbox.transaction(conn, queue) as tx:
+        await conn.execute(...)
+        await tx.enqueue("OrderCompleted", {"orderId": order_id})
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import json
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pydantic import BaseModel
+
+from outbox import store
+from outbox.errors import DuplicateMessageError, InvalidMessageError, TransactionRequiredError
+from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES
+from outbox.wakeup import WakeUpQueue
+
+Payload = Mapping[str, Any] | BaseModel
+MAX_EVENT_TYPE_CHARS = 200
+
+
+async def enqueue(
+    conn: store.Connection,
+    event_type: str,
+    payload: Payload,
+    *,
+    message_id: uuid.UUID | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> uuid.UUID:
+    """Insert a Pending outbox row on ``conn``, inside the transaction the caller has open.
+
+    The payload (a dict or a pydantic model) is checked and serialised before anything is written,
+    so a bad payload raises InvalidMessageError and leaves the caller's transaction usable.
+    Returns the message id, which receivers see as ``webhook-id`` and use to drop duplicates.
+    """
+    check_event_type(event_type)
+    body = serialise_payload(payload, max_payload_bytes)
+    if not _in_transaction(conn):
+        raise TransactionRequiredError(
+            "enqueue must run inside the transaction that writes your business rows "
+            "(async with conn.transaction(): ...), or the event would not be atomic with them"
+        )
+    message_id = message_id or uuid.uuid4()
+    if not await store.insert_message(conn, message_id, event_type, body):
+        raise DuplicateMessageError(f"outbox message {message_id} already exists")
+    return message_id
+
+
+async def notify(queue: WakeUpQueue | None = None) -> bool:
+    """Send the wake-up hint after the commit. Never raises; returns whether it was sent.
+
+    Pass a long-lived ``WakeUpQueue`` to reuse its connection; without one, a client is made from
+    the environment (``AzureWebJobsStorage``, ``OUTBOX_QUEUE_NAME``) for this one hint.
+    """
+    if queue is not None:
+        return await queue.notify()
+    try:
+        temporary = WakeUpQueue.from_settings()
+    except Exception as exc:  # noqa: BLE001 - a misconfigured hint must not fail the caller either
+        WakeUpQueue.log_not_sent(exc)
+        return False
+    async with temporary:
+        return await temporary.notify()
+
+
+class OutboxTransaction:
+    """Handed out by ``transaction()``: enqueues on the transaction's connection."""
+
+    def __init__(self, conn: store.Connection, max_payload_bytes: int) -> None:
+        self._conn = conn
+        self._max_payload_bytes = max_payload_bytes
+        self.message_ids: list[uuid.UUID] = []
+
+    async def enqueue(
+        self, event_type: str, payload: Payload, *, message_id: uuid.UUID | None = None
+    ) -> uuid.UUID:
+        message_id = await enqueue(
+            self._conn,
+            event_type,
+            payload,
+            message_id=message_id,
+            max_payload_bytes=self._max_payload_bytes,
+        )
+        self.message_ids.append(message_id)
+        return message_id
+
+
+@asynccontextmanager
+async def transaction(
+    conn: store.Connection,
+    queue: WakeUpQueue | None = None,
+    *,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+) -> AsyncIterator[OutboxTransaction]:
+    """Open a transaction on ``conn``; after it commits, send one hint if anything was enqueued."""
+    tx = OutboxTransaction(conn, max_payload_bytes)
+    async with conn.transaction():
+        yield tx
+    if tx.message_ids:
+        await notify(queue)
+
+
+def check_event_type(event_type: object) -> None:
+    if not isinstance(event_type, str) or not event_type.strip():
+        raise InvalidMessageError("event_type must be a non-empty string")
+    if len(event_type) > MAX_EVENT_TYPE_CHARS or event_type != event_type.strip():
+        raise InvalidMessageError(
+            f"event_type must be at most {MAX_EVENT_TYPE_CHARS} characters, without surrounding "
+            "spaces"
+        )
+
+
+def serialise_payload(payload: Payload, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
+    """The payload as JSON object text, or InvalidMessageError saying why it cannot be stored."""
+    if isinstance(payload, BaseModel):
+        text = payload.model_dump_json()
+    elif isinstance(payload, Mapping):
+        try:
+            text = json.dumps(
+                dict(payload), ensure_ascii=False, allow_nan=False, default=_json_default
+            )
+        except (TypeError, ValueError) as exc:
+            raise InvalidMessageError(f"payload is not JSON-serialisable: {exc}") from None
+    else:
+        raise InvalidMessageError(
+            f"payload must be a dict or a pydantic model, not {type(payload).__name__}"
+        )
+    if not text.startswith("{"):
+        raise InvalidMessageError("payload must serialise to a JSON object")
+    if "\\u0000" in text:
+        raise InvalidMessageError(
+            "payload contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store"
+        )
+    size = len(text.encode())
+    if size > max_bytes:
+        raise InvalidMessageError(f"payload is {size} bytes, above the limit of {max_bytes}")
+    return text
+
+
+def _json_default(value: Any) -> Any:
+    """The common types json cannot encode itself, encoded the way pydantic would."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID | decimal.Decimal):
+        return str(value)
+    if isinstance(value, enum.Enum):
+        return value.value
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _in_transaction(conn: store.Connection) -> bool:
+    is_in_transaction = getattr(conn, "is_in_transaction", None)
+    return bool(is_in_transaction and is_in_transaction())

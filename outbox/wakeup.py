@@ -1,0 +1,130 @@
+"""The wake-up queue: tiny base64 JSON hints that tell a relay "rows are waiting"."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import Any, Self
+
+from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.storage.queue import TextBase64DecodePolicy, TextBase64EncodePolicy
+from azure.storage.queue.aio import QueueClient
+
+from outbox.errors import ConfigurationError
+from outbox.redact import Redactor
+from outbox.settings import QueueSettings
+
+logger = logging.getLogger(__name__)
+
+# A hint is worth little after a few seconds; the business request that sent it must not wait long.
+NOTIFY_TIMEOUT_SECONDS = 5.0
+_CLIENT_OPTIONS: dict[str, Any] = {
+    # Base64, like the queue trigger expects by default: plain text would end in the poison queue.
+    "message_encode_policy": TextBase64EncodePolicy(),
+    "message_decode_policy": TextBase64DecodePolicy(),
+    # One quick retry, not the SDK's default of three after 15 s or more.
+    "retry_total": 1,
+    "initial_backoff": 0.5,
+    "increment_base": 0,
+    "random_jitter_range": 0.25,
+    "connection_timeout": 3,
+    "read_timeout": 5,
+}
+
+
+def hint_message() -> str:
+    """The hint's content: when it was sent, and nothing about the business data."""
+    return json.dumps({"requestedAt": datetime.now(UTC).isoformat()})
+
+
+def make_queue_client(settings: QueueSettings) -> QueueClient:
+    """An async client for the wake-up queue, from a connection string or a managed identity."""
+    if settings.queue_connection is not None:
+        return QueueClient.from_connection_string(
+            settings.queue_connection.get_secret_value(), settings.queue_name, **_CLIENT_OPTIONS
+        )
+    account_url = settings.queue_service_uri or (
+        f"https://{settings.queue_account_name}.queue.core.windows.net"
+        if settings.queue_account_name
+        else None
+    )
+    if account_url is None:
+        raise ConfigurationError(
+            "no wake-up queue configured: set AzureWebJobsStorage (a connection string) or "
+            "AzureWebJobsStorage__queueServiceUri / AzureWebJobsStorage__accountName (identity)"
+        )
+    try:
+        from azure.identity.aio import DefaultAzureCredential  # noqa: PLC0415 - optional extra
+    except ImportError:
+        raise ConfigurationError(
+            "an identity-based AzureWebJobsStorage connection needs the azure-identity package "
+            "(pip install azure-identity)"
+        ) from None
+    return QueueClient(
+        account_url, settings.queue_name, credential=DefaultAzureCredential(), **_CLIENT_OPTIONS
+    )
+
+
+class WakeUpQueue:
+    """Sends hints to the wake-up queue; reuse one per process (it holds an HTTP session)."""
+
+    def __init__(self, client: QueueClient, *, redact: Redactor | None = None) -> None:
+        self.client = client
+        self._redact = redact or Redactor([])
+
+    @classmethod
+    def from_settings(cls, settings: QueueSettings | None = None) -> Self:
+        settings = settings or QueueSettings.load()
+        secrets = (
+            [settings.queue_connection.get_secret_value()] if settings.queue_connection else []
+        )
+        return cls(make_queue_client(settings), redact=Redactor(secrets))
+
+    async def notify(self) -> bool:
+        """Send one hint. Never raises: on failure it logs a warning and returns False.
+
+        The outbox row is already committed, so a lost hint only delays delivery until the
+        next timer sweep.
+        """
+        try:
+            async with asyncio.timeout(NOTIFY_TIMEOUT_SECONDS):
+                await self._send()
+        except Exception as exc:  # noqa: BLE001 - a hint must never fail the caller
+            self.log_not_sent(exc, self._redact)
+            return False
+        return True
+
+    @staticmethod
+    def log_not_sent(exc: BaseException, redact: Redactor | None = None) -> None:
+        """The one warning a lost hint produces (without any credential in it)."""
+        logger.warning(
+            "outbox wake-up hint not sent (the row is safe; the timer sweep will deliver it): %s",
+            (redact or Redactor([]))(f"{type(exc).__name__}: {exc}"),
+        )
+
+    async def _send(self) -> None:
+        try:
+            await self.client.send_message(hint_message())
+        except ResourceNotFoundError:
+            # First hint on a new storage account: create the queue, then send again.
+            with contextlib.suppress(ResourceExistsError):
+                await self.client.create_queue()
+            await self.client.send_message(hint_message())
+
+    async def close(self) -> None:
+        await self.client.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

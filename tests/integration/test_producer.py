@@ -1,0 +1,172 @@
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import uuid
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import pytest
+from azure.core.exceptions import ResourceNotFoundError
+from azure.storage.queue.aio import QueueClient
+from pydantic import BaseModel
+
+import outbox
+from outbox.errors import DuplicateMessageError, InvalidMessageError, TransactionRequiredError
+from outbox.settings import QueueSettings
+from outbox.wakeup import WakeUpQueue
+from tests.support.azure import connection_string, free_port
+
+
+class OrderCompleted(BaseModel):
+    order_id: int
+
+
+@pytest.fixture
+async def orders(db: Any) -> Any:
+    await db.execute("CREATE TABLE orders (id int PRIMARY KEY, status text NOT NULL)")
+    return db
+
+
+async def outbox_rows(db: Any) -> list[Any]:
+    return await db.fetch("SELECT * FROM outbox_messages ORDER BY created_at")
+
+
+async def test_enqueue_writes_a_pending_row_due_now_in_the_callers_transaction(orders: Any) -> None:
+    async with orders.transaction():
+        await orders.execute("INSERT INTO orders VALUES (1, 'completed')")
+        message_id = await outbox.enqueue(orders, "OrderCompleted", {"orderId": 1})
+    [row] = await outbox_rows(orders)
+    assert row["outbox_message_id"] == message_id
+    assert row["event_type"] == "OrderCompleted"
+    assert row["payload"] == '{"orderId": 1}'
+    assert row["status"] == "Pending"
+    assert row["attempt_count"] == 0
+    assert row["last_error"] is None
+    assert await orders.fetchval("SELECT next_attempt_at <= now() FROM outbox_messages")
+
+
+async def test_rollback_leaves_neither_the_business_row_nor_the_event(orders: Any) -> None:
+    with pytest.raises(RuntimeError, match="boom"):
+        async with orders.transaction():
+            await orders.execute("INSERT INTO orders VALUES (1, 'completed')")
+            await outbox.enqueue(orders, "OrderCompleted", {"orderId": 1})
+            raise RuntimeError("boom")
+    assert await orders.fetchval("SELECT count(*) FROM orders") == 0
+    assert await outbox_rows(orders) == []
+
+
+async def test_a_bad_payload_fails_before_writing_and_the_transaction_stays_usable(
+    orders: Any,
+) -> None:
+    async with orders.transaction():
+        await orders.execute("INSERT INTO orders VALUES (1, 'completed')")
+        with pytest.raises(InvalidMessageError, match="not JSON-serialisable"):
+            await outbox.enqueue(orders, "OrderCompleted", {"when": object()})
+        with pytest.raises(InvalidMessageError, match="NUL character"):
+            await outbox.enqueue(orders, "OrderCompleted", {"name": "a\x00"})
+        await outbox.enqueue(orders, "OrderCompleted", {"orderId": 1})
+    assert await orders.fetchval("SELECT count(*) FROM orders") == 1
+    assert len(await outbox_rows(orders)) == 1
+
+
+async def test_enqueue_outside_a_transaction_is_refused(db: Any) -> None:
+    with pytest.raises(TransactionRequiredError, match="inside the transaction"):
+        await outbox.enqueue(db, "OrderCompleted", {"orderId": 1})
+    assert await outbox_rows(db) == []
+
+
+async def test_pydantic_payload_and_explicit_message_id(db: Any) -> None:
+    wanted = uuid.uuid4()
+    async with db.transaction():
+        got = await outbox.enqueue(
+            db, "OrderCompleted", OrderCompleted(order_id=5), message_id=wanted
+        )
+    assert got == wanted
+    assert await db.fetchval("SELECT payload->>'order_id' FROM outbox_messages") == "5"
+
+
+async def test_duplicate_message_id_is_reported_without_aborting_the_transaction(db: Any) -> None:
+    wanted = uuid.uuid4()
+    async with db.transaction():
+        await outbox.enqueue(db, "OrderCompleted", {"n": 1}, message_id=wanted)
+        with pytest.raises(DuplicateMessageError, match=str(wanted)):
+            await outbox.enqueue(db, "OrderCompleted", {"n": 2}, message_id=wanted)
+        await outbox.enqueue(db, "OrderCompleted", {"n": 3})
+    assert await db.fetchval("SELECT count(*) FROM outbox_messages") == 2
+
+
+async def test_notify_failure_is_a_warning_and_never_raises(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    conn_str = connection_string(free_port())
+    queue = WakeUpQueue.from_settings(QueueSettings.load(queue_connection=conn_str))
+    with caplog.at_level(logging.WARNING):
+        async with queue:
+            assert await queue.notify() is False
+    [record] = [r for r in caplog.records if "wake-up hint not sent" in r.getMessage()]
+    assert record.levelno == logging.WARNING
+    assert "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6" not in caplog.text
+
+
+async def test_notify_without_any_queue_configured_only_warns(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        assert await outbox.notify() is False
+    assert "no wake-up queue configured" in caplog.text
+
+
+async def peek_hints(queue_settings: QueueSettings) -> list[dict[str, Any]]:
+    """The hints waiting on the queue, decoded the way the queue trigger decodes them."""
+    async with WakeUpQueue.from_settings(queue_settings) as queue:
+        try:
+            messages = await queue.client.peek_messages(max_messages=32)
+        except ResourceNotFoundError:
+            return []
+    return [json.loads(m.content) for m in messages]
+
+
+async def test_notify_sends_one_base64_json_hint_without_business_data(
+    queue_settings: QueueSettings,
+) -> None:
+    async with WakeUpQueue.from_settings(queue_settings) as queue:
+        assert await queue.notify() is True
+        [raw] = await queue.client.peek_messages()
+    # On the wire the message is base64 text, as the queue trigger expects by default.
+    client = QueueClient.from_connection_string(
+        queue_settings.queue_connection.get_secret_value(), queue_settings.queue_name
+    )
+    async with client:
+        [plain] = await client.peek_messages()
+    assert plain.content == base64.b64encode(raw.content.encode()).decode()
+    hint = json.loads(raw.content)
+    assert set(hint) == {"requestedAt"}
+    datetime.fromisoformat(hint["requestedAt"])
+
+
+async def test_transaction_helper_commits_then_hints_once(
+    orders: Any, queue_settings: QueueSettings
+) -> None:
+    async with WakeUpQueue.from_settings(queue_settings) as queue:
+        async with outbox.transaction(orders, queue) as tx:
+            await orders.execute("INSERT INTO orders VALUES (1, 'completed')")
+            await tx.enqueue("OrderCompleted", {"orderId": 1})
+            await tx.enqueue("OrderShipped", {"orderId": 1})
+            assert await peek_hints(queue_settings) == []
+    assert len(await outbox_rows(orders)) == 2
+    assert len(await peek_hints(queue_settings)) == 1
+
+
+async def test_transaction_helper_sends_no_hint_when_rolled_back(
+    orders: Any, queue_settings: QueueSettings
+) -> None:
+    async with WakeUpQueue.from_settings(queue_settings) as queue:
+        with pytest.raises(asyncpg.UniqueViolationError):
+            async with outbox.transaction(orders, queue) as tx:
+                await tx.enqueue("OrderCompleted", {"orderId": 1})
+                await orders.execute("INSERT INTO orders VALUES (1, 'a'), (1, 'b')")
+    assert await peek_hints(queue_settings) == []
+    assert await outbox_rows(orders) == []

@@ -1,0 +1,82 @@
+"""Azurite (the Azure Storage emulator, from npm) started on free ports for the tests."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+from tests.support.azure import connection_string, free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / "tools" / "node_modules" / ".bin"
+
+
+class Azurite:
+    """One Azurite process (queue service only, or the full emulator), in memory."""
+
+    def __init__(self, *, full: bool = False) -> None:
+        self.full = full
+        self.queue_port = free_port()
+        self.blob_port = free_port() if full else None
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def connection_string(self) -> str:
+        return connection_string(self.queue_port, self.blob_port)
+
+    def start(self, timeout: float = 30) -> Azurite:
+        executable = BIN / ("azurite" if self.full else "azurite-queue")
+        if not executable.exists():
+            raise RuntimeError(f"{executable} not found: install Azurite with `make test`")
+        args = [
+            str(executable),
+            "--inMemoryPersistence",
+            "--skipApiVersionCheck",
+            "--disableTelemetry",
+            "--silent",
+            "--queueHost",
+            "127.0.0.1",
+            "--queuePort",
+            str(self.queue_port),
+        ]
+        if self.full:
+            args += [
+                "--blobHost",
+                "127.0.0.1",
+                "--blobPort",
+                str(self.blob_port),
+                "--tableHost",
+                "127.0.0.1",
+                "--tablePort",
+                str(free_port()),
+            ]
+        self.process = subprocess.Popen(
+            args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
+        )
+        self._wait_until_listening(timeout)
+        return self
+
+    def _wait_until_listening(self, timeout: float) -> None:
+        assert self.process is not None
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"Azurite exited: {self.process.stderr.read().decode()[-2000:]}")  # type: ignore[union-attr]
+            try:
+                socket.create_connection(("127.0.0.1", self.queue_port), timeout=0.5).close()
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"Azurite did not listen on port {self.queue_port} within {timeout}s")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None

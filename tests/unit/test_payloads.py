@@ -1,0 +1,101 @@
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import decimal
+import enum
+import json
+import uuid
+
+import pytest
+from pydantic import BaseModel
+
+from outbox.errors import InvalidMessageError
+from outbox.producer import check_event_type, serialise_payload
+
+
+class Order(BaseModel):
+    order_id: int
+    placed_at: dt.datetime
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+@dataclasses.dataclass
+class Line:
+    sku: str
+    qty: int
+
+
+def test_dicts_serialise_to_a_json_object() -> None:
+    assert json.loads(serialise_payload({"orderId": 1, "tags": ["a"]})) == {
+        "orderId": 1,
+        "tags": ["a"],
+    }
+
+
+def test_pydantic_models_serialise_with_pydantic() -> None:
+    when = dt.datetime(2026, 1, 2, 3, 4, 5, tzinfo=dt.UTC)
+    text = serialise_payload(Order(order_id=7, placed_at=when))
+    assert json.loads(text) == {"order_id": 7, "placed_at": "2026-01-02T03:04:05Z"}
+
+
+def test_common_python_types_inside_a_dict_are_encoded() -> None:
+    ident = uuid.UUID(int=5)
+    text = serialise_payload(
+        {
+            "id": ident,
+            "on": dt.date(2026, 1, 2),
+            "amount": decimal.Decimal("10.10"),
+            "colour": Colour.RED,
+            "line": Line("sku-1", 2),
+        }
+    )
+    assert json.loads(text) == {
+        "id": str(ident),
+        "on": "2026-01-02",
+        "amount": "10.10",
+        "colour": "red",
+        "line": {"sku": "sku-1", "qty": 2},
+    }
+
+
+def test_non_ascii_text_is_kept_readable() -> None:
+    assert "注文" in serialise_payload({"name": "注文"})
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        ({"x": object()}, "not JSON-serialisable: Object of type object"),
+        ({"x": float("nan")}, "not JSON-serialisable: Out of range float values"),
+        ({"x": {1, 2}}, "not JSON-serialisable: Object of type set"),
+        ([1, 2], "must be a dict or a pydantic model, not list"),
+        ("text", "must be a dict or a pydantic model, not str"),
+        (None, "must be a dict or a pydantic model, not NoneType"),
+        ({"x": "a\x00b"}, "NUL character"),
+    ],
+)
+def test_unstorable_payloads_raise_a_clear_error(payload: object, expected: str) -> None:
+    with pytest.raises(InvalidMessageError, match=expected.replace("(", r"\(")):
+        serialise_payload(payload)  # type: ignore[arg-type]
+
+
+def test_circular_payload_raises_a_clear_error() -> None:
+    payload: dict[str, object] = {}
+    payload["self"] = payload
+    with pytest.raises(InvalidMessageError, match="Circular reference"):
+        serialise_payload(payload)
+
+
+def test_payload_over_the_limit_is_refused() -> None:
+    with pytest.raises(InvalidMessageError, match=r"payload is \d+ bytes, above the limit of 1024"):
+        serialise_payload({"blob": "x" * 2000}, max_bytes=1024)
+
+
+@pytest.mark.parametrize("event_type", ["", "   ", None, 5, " padded", "x" * 201])
+def test_bad_event_types_are_refused(event_type: object) -> None:
+    with pytest.raises(InvalidMessageError, match="event_type must be"):
+        check_event_type(event_type)
