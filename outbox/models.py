@@ -1,0 +1,122 @@
+"""Typed values that cross module boundaries: leased rows, delivery results, outcomes, summaries."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+
+class Status(enum.StrEnum):
+    """The four states of an outbox row; the strings are stored in ``outbox_messages.status``."""
+
+    PENDING = "Pending"
+    PROCESSING = "Processing"
+    PROCESSED = "Processed"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedMessage:
+    """A row this worker holds under a lease, as returned by the lease statement."""
+
+    message_id: UUID
+    event_type: str
+    payload: str  # the jsonb value as JSON text, spliced into the webhook body unchanged
+    attempt: int  # attempt_count after the lease: 1 on the first delivery
+    lease_token: UUID
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> LeasedMessage:
+        return cls(
+            message_id=row["outbox_message_id"],
+            event_type=row["event_type"],
+            payload=row["payload"],
+            attempt=row["attempt_count"],
+            lease_token=row["lease_token"],
+            created_at=row["created_at"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Response:
+    """The receiver answered with an HTTP status."""
+
+    status: int
+    retry_after: str | None = None
+    snippet: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TransportError:
+    """No usable HTTP answer: refused, reset, timed out, or not HTTP at all."""
+
+    description: str
+
+
+@dataclass(frozen=True, slots=True)
+class Undeliverable:
+    """The message cannot be sent as it is: no endpoint for its type, or a payload we refuse."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class NotAttempted:
+    """The delivery never started (lease too short to finish, or the run was stopped)."""
+
+    reason: str
+
+
+DeliveryResult = Response | TransportError | Undeliverable | NotAttempted
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What to write back for one message."""
+
+    status: Status
+    delay_seconds: float = 0.0  # Pending only: due again this long after the database's now()
+    error: str | None = None
+    not_attempted: bool = False  # released without a delivery: the attempt is not counted
+
+
+@dataclass(slots=True)
+class DrainSummary:
+    """What one ``execute()`` did.
+
+    ``released``: leased but not attempted (given back, attempt not counted); ``stale``: outcomes
+    dropped by fencing because the lease had passed to another worker; ``unrecorded``: outcomes
+    lost to a database error (those rows are delivered again after their lease expires).
+    """
+
+    leased: int = 0
+    processed: int = 0
+    retried: int = 0
+    failed: int = 0
+    released: int = 0
+    stale: int = 0
+    unrecorded: int = 0
+    batches: int = 0
+    duration_seconds: float = 0.0
+    stopped_by: str = "drained"
+    error: str | None = field(default=None)
+
+    def count(self, outcome: Outcome) -> None:
+        if outcome.not_attempted:
+            self.released += 1
+        elif outcome.status is Status.PROCESSED:
+            self.processed += 1
+        elif outcome.status is Status.FAILED:
+            self.failed += 1
+        else:
+            self.retried += 1
+
+    def as_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["duration_seconds"] = round(self.duration_seconds, 3)
+        return data

@@ -1,0 +1,237 @@
+"""The one processor every trigger and host runs: lease a batch, deliver it, record the outcomes.
+
+``execute()`` drains: it leases batches until nothing is due or its time budget is spent. The next
+batch is leased while the current one is still being delivered, so the HTTP slots stay busy.
+Each batch's outcomes are written in one statement, fenced by the lease token, and shielded from
+cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+
+import asyncpg
+
+from outbox import store
+from outbox.models import (
+    DeliveryResult,
+    DrainSummary,
+    LeasedMessage,
+    NotAttempted,
+    Outcome,
+    TransportError,
+)
+from outbox.outcomes import classify
+from outbox.redact import Redactor
+from outbox.settings import Settings
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Batches leased ahead of the one being delivered: one is enough to keep every slot busy.
+MAX_BATCHES_IN_FLIGHT = 2
+# A delivery starts only if it can time out this long before its lease does.
+LEASE_SAFETY_SECONDS = 1.0
+# Outcome writes are retried this often (the pool replaces a dropped connection in between).
+RECORD_RETRY_DELAYS = (0.2, 1.0, 3.0)
+DATABASE_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,
+    asyncpg.InterfaceError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+)
+
+Deliver = Callable[[LeasedMessage], Awaitable[DeliveryResult]]
+
+
+class OutboxProcessor:
+    """Drains the outbox: shared by the queue, timer and HTTP triggers (and ``outbox serve``)."""
+
+    def __init__(
+        self,
+        pool: store.Connection,
+        deliver: Deliver,
+        settings: Settings,
+        *,
+        redact: Redactor | None = None,
+    ) -> None:
+        self._pool = pool
+        self._deliver = deliver
+        self._settings = settings
+        self._redact = redact or Redactor.from_settings(settings)
+        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._stopping = False
+
+    def stop(self) -> None:
+        """Make running drains finish what is in flight, release the rest, and return."""
+        self._stopping = True
+
+    async def execute(self, budget_seconds: float | None = None) -> DrainSummary:
+        """Deliver due messages until none is due, the budget is spent, or ``stop()`` is called.
+
+        Database errors end the run early; they are reported in ``summary.error`` rather than
+        raised, and whatever was leased stays safe under its lease.
+        """
+        summary = DrainSummary()
+        started = time.monotonic()
+        budget = min(budget_seconds or self._settings.run_budget_seconds, 3600.0)
+        batches: set[asyncio.Task[None]] = set()
+        try:
+            await self._drain(summary, started + budget, batches)
+        except DATABASE_ERRORS as exc:
+            self._report_database_error(summary, exc)
+        except asyncio.CancelledError:
+            # Interrupt the deliveries; each batch still records what it has (shielded).
+            for task in batches:
+                task.cancel()
+            raise
+        finally:
+            await _finish(batches)
+            summary.duration_seconds = time.monotonic() - started
+        return summary
+
+    async def _drain(
+        self, summary: DrainSummary, deadline: float, batches: set[asyncio.Task[None]]
+    ) -> None:
+        while True:
+            if self._stopping:
+                summary.stopped_by = "stopped"
+                return
+            if time.monotonic() >= deadline:
+                summary.stopped_by = "budget"
+                return
+            if len(batches) >= MAX_BATCHES_IN_FLIGHT:
+                await asyncio.wait(batches, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            lease_deadline = time.monotonic() + self._settings.lease_seconds
+            batch = await store.lease_batch(
+                self._pool, self._settings.batch_size, self._settings.lease_seconds
+            )
+            if not batch and not batches:
+                return
+            if batch:
+                summary.leased += len(batch)
+                summary.batches += 1
+                task = asyncio.create_task(self._run_batch(batch, lease_deadline, summary))
+                batches.add(task)
+                task.add_done_callback(batches.discard)
+            if len(batch) < self._settings.batch_size:
+                # Caught up: let the in-flight batches finish (their retries may come due), then
+                # lease once more; the run ends on an empty lease with nothing in flight.
+                await _finish(batches)
+
+    async def _run_batch(
+        self, batch: list[LeasedMessage], lease_deadline: float, summary: DrainSummary
+    ) -> None:
+        deliveries = [asyncio.create_task(self._attempt(m, lease_deadline)) for m in batch]
+        try:
+            await asyncio.wait(deliveries)
+        finally:
+            # Also on cancellation: whatever finished is recorded, whatever did not is retried.
+            now = datetime.now(UTC)
+            outcomes = [
+                (message, self._classify(message, task, now))
+                for message, task in zip(batch, deliveries, strict=True)
+            ]
+            await shielded(self._record(outcomes, summary))
+
+    async def _attempt(self, message: LeasedMessage, lease_deadline: float) -> DeliveryResult:
+        async with self._slots:
+            if self._stopping:
+                return NotAttempted("relay stopping")
+            remaining = lease_deadline - time.monotonic()
+            if remaining < self._settings.http_timeout_seconds + LEASE_SAFETY_SECONDS:
+                return NotAttempted("lease too short to finish a delivery")
+            return await self._deliver(message)
+
+    def _classify(
+        self, message: LeasedMessage, task: asyncio.Task[DeliveryResult], now: datetime
+    ) -> Outcome:
+        if not task.done() or task.cancelled():
+            task.cancel()
+            # The request may have reached the receiver: count the attempt and retry later.
+            result: DeliveryResult = TransportError("delivery interrupted before it completed")
+        elif task.exception() is not None:
+            exc = task.exception()
+            result = TransportError(self._redact(f"unexpected {type(exc).__name__}: {exc}"))
+        else:
+            result = task.result()
+        return classify(
+            result, attempt=message.attempt, max_attempts=self._settings.max_attempts, now=now
+        )
+
+    async def _record(
+        self, outcomes: list[tuple[LeasedMessage, Outcome]], summary: DrainSummary
+    ) -> None:
+        try:
+            written = await retry_database(lambda: store.record_outcomes(self._pool, outcomes))
+        except DATABASE_ERRORS as exc:
+            # The rows stay Processing; once their lease expires they are delivered again.
+            summary.unrecorded += len(outcomes)
+            self._report_database_error(summary, exc)
+            return
+        for message, outcome in outcomes:
+            if message.message_id in written:
+                summary.count(outcome)
+            else:
+                summary.stale += 1
+                logger.warning(
+                    "outcome for outbox message %s dropped: its lease expired and another worker "
+                    "holds it now",
+                    message.message_id,
+                )
+
+    def _report_database_error(self, summary: DrainSummary, exc: BaseException) -> None:
+        summary.stopped_by = "error"
+        summary.error = self._redact(f"database error: {type(exc).__name__}: {exc}")
+        logger.error("outbox drain: %s", summary.error)
+
+
+async def retry_database(operation: Callable[[], Awaitable[T]]) -> T:
+    """Run ``operation``, retrying after connection-level failures (a new connection may work)."""
+    for delay in RECORD_RETRY_DELAYS:
+        try:
+            return await operation()
+        except DATABASE_ERRORS as exc:
+            logger.warning(
+                "database write failed (%s); retrying in %.1fs", type(exc).__name__, delay
+            )
+            await asyncio.sleep(delay)
+    return await operation()
+
+
+async def shielded(coro: Coroutine[Any, Any, T]) -> T:
+    """Await ``coro`` to completion even if the caller is cancelled, then re-raise the cancellation.
+
+    Used for outcome writes: a cancelled invocation must not lose a status update.
+    """
+    task = asyncio.ensure_future(coro)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+            continue
+        if cancelled:
+            raise asyncio.CancelledError
+        return result
+
+
+async def _finish(tasks: set[asyncio.Task[None]]) -> None:
+    """Wait for every task in ``tasks``; their own errors are logged, not raised here."""
+    while tasks:
+        snapshot = list(tasks)
+        results = await asyncio.gather(*snapshot, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+                logger.error("outbox batch failed: %s: %s", type(result).__name__, result)
+        tasks.difference_update(snapshot)

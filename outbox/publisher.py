@@ -1,0 +1,140 @@
+"""Webhook delivery over one shared aiohttp session: build, sign, POST, and report what happened."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+
+import aiohttp
+
+from outbox.models import DeliveryResult, LeasedMessage, Response, TransportError, Undeliverable
+from outbox.redact import Redactor
+from outbox.settings import Settings, WebhookEndpoint
+from outbox.signing import sign
+
+# At most this much of a response body is read: enough for an error snippet, never a 50 MB reply.
+MAX_SNIPPET_BYTES = 512
+USER_AGENT = "outbox-relay/0.1"
+
+
+def make_session(settings: Settings) -> aiohttp.ClientSession:
+    """The HTTP session deliveries share: keep-alive, one connection per concurrent delivery."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=settings.concurrency, limit_per_host=0),
+        timeout=aiohttp.ClientTimeout(total=settings.http_timeout_seconds),
+        headers={"user-agent": USER_AGENT},
+        raise_for_status=False,
+    )
+
+
+def build_body(message: LeasedMessage) -> bytes:
+    """``{"id", "type", "timestamp", "data"}``; the stored JSON payload is spliced in unchanged."""
+    envelope = json.dumps(
+        {
+            "id": str(message.message_id),
+            "type": message.event_type,
+            "timestamp": message.created_at.isoformat(),
+        },
+        ensure_ascii=False,
+    )
+    return f'{envelope[:-1]}, "data": {message.payload}}}'.encode()
+
+
+def build_headers(endpoint: WebhookEndpoint, message_id: str, body: bytes) -> dict[str, str]:
+    timestamp = int(time.time())
+    headers = {
+        "content-type": "application/json",
+        "webhook-id": message_id,
+        "webhook-timestamp": str(timestamp),
+    }
+    keys = endpoint.signing_keys
+    if keys:
+        headers["webhook-signature"] = sign(keys, message_id, timestamp, body)
+    return headers
+
+
+class Publisher:
+    """POSTs leased messages to the endpoint configured for their event type."""
+
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        webhooks: Mapping[str, WebhookEndpoint],
+        *,
+        timeout_seconds: float,
+        max_payload_bytes: int,
+        redact: Redactor,
+    ) -> None:
+        self._session = session
+        self._webhooks = webhooks
+        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        self._max_payload_bytes = max_payload_bytes
+        self._redact = redact
+
+    @classmethod
+    def from_settings(cls, session: aiohttp.ClientSession, settings: Settings) -> Publisher:
+        return cls(
+            session,
+            settings.webhooks,
+            timeout_seconds=settings.http_timeout_seconds,
+            max_payload_bytes=settings.max_payload_bytes,
+            redact=Redactor.from_settings(settings),
+        )
+
+    def check(self, message: LeasedMessage) -> Undeliverable | None:
+        """Why ``message`` can never be delivered as stored, or None if it can."""
+        if message.event_type not in self._webhooks:
+            return Undeliverable(
+                f"no endpoint configured for event type {message.event_type!r} (OUTBOX_WEBHOOKS)"
+            )
+        if not message.payload.startswith("{"):
+            return Undeliverable(f"payload is JSON {json_kind(message.payload)}, not an object")
+        size = len(message.payload.encode())
+        if size > self._max_payload_bytes:
+            return Undeliverable(
+                f"payload is {size} bytes, above OUTBOX_MAX_PAYLOAD_BYTES={self._max_payload_bytes}"
+            )
+        return None
+
+    async def deliver(self, message: LeasedMessage) -> DeliveryResult:
+        """One POST of ``message``; every exception is turned into a result, none escapes."""
+        problem = self.check(message)
+        if problem is not None:
+            return problem
+        endpoint = self._webhooks[message.event_type]
+        body = build_body(message)
+        headers = build_headers(endpoint, str(message.message_id), body)
+        try:
+            return await self._post(endpoint.url, body, headers)
+        except TimeoutError:
+            return TransportError(f"timed out after {self._timeout.total:g}s")
+        except (aiohttp.ClientError, OSError, ValueError) as exc:
+            return TransportError(self._redact(f"{type(exc).__name__}: {exc}"))
+
+    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> Response:
+        async with self._session.post(
+            url, data=body, headers=headers, allow_redirects=False, timeout=self._timeout
+        ) as response:
+            chunk = await response.content.read(MAX_SNIPPET_BYTES)
+            if not response.content.at_eof():
+                # Do not drain an unbounded body just to keep the connection: drop it.
+                response.close()
+            return Response(
+                status=response.status,
+                retry_after=response.headers.get("retry-after"),
+                snippet=self._redact(chunk.decode("utf-8", errors="replace")),
+            )
+
+
+def json_kind(text: str) -> str:
+    """The JSON type of a jsonb value's text form, from its first character."""
+    kinds = {
+        "{": "object",
+        "[": "array",
+        '"': "string",
+        "n": "null",
+        "t": "boolean",
+        "f": "boolean",
+    }
+    return kinds.get(text[:1], "number")

@@ -1,0 +1,89 @@
+"""The clients one process needs (a database pool, an HTTP session) and the processor over them.
+
+Triggers use ``shared_relay()``: created on first use, not at import (the Functions host imports
+the app while indexing, before any invocation), then reused by every invocation of the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Self
+
+import aiohttp
+import asyncpg
+
+from outbox.processor import OutboxProcessor
+from outbox.publisher import Publisher, make_session
+from outbox.settings import Settings
+from outbox.store import Connection
+
+
+async def create_pool(settings: Settings) -> Connection:
+    """A small asyncpg pool: the processor holds at most one connection per in-flight batch."""
+    return await asyncpg.create_pool(
+        settings.database_url.get_secret_value(),
+        min_size=1,
+        max_size=settings.db_pool_size,
+        max_inactive_connection_lifetime=60,
+        command_timeout=30,
+    )
+
+
+class Relay:
+    """A processor with its own pool and session; close it when done."""
+
+    def __init__(
+        self, settings: Settings, pool: Connection, session: aiohttp.ClientSession
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.session = session
+        self.loop = asyncio.get_running_loop()
+        publisher = Publisher.from_settings(session, settings)
+        self.processor = OutboxProcessor(pool, publisher.deliver, settings)
+
+    @classmethod
+    async def open(cls, settings: Settings) -> Self:
+        pool = await create_pool(settings)
+        return cls(settings, pool, make_session(settings))
+
+    async def close(self) -> None:
+        await self.session.close()
+        await self.pool.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+_shared: Relay | None = None
+_shared_lock = asyncio.Lock()
+
+
+async def shared_relay() -> Relay:
+    """The process-wide relay, opened on first use with settings from the environment."""
+    global _shared  # noqa: PLW0603 - one relay per worker process, by design
+    async with _shared_lock:
+        if _shared is not None and _shared.loop is not asyncio.get_running_loop():
+            # Only in tests: a new event loop cannot use clients bound to the old one.
+            _shared = None
+        if _shared is None:
+            _shared = await Relay.open(Settings.load())
+        return _shared
+
+
+async def close_shared_relay() -> None:
+    """Close the process-wide relay (host shutdown, tests)."""
+    global _shared
+    async with _shared_lock:
+        if _shared is not None:
+            relay, _shared = _shared, None
+            await relay.close()

@@ -1,0 +1,435 @@
+"""The processor against a real PostgreSQL and a real HTTP receiver on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
+
+from outbox import store
+from outbox.processor import OutboxProcessor, shielded
+from outbox.publisher import Publisher
+from outbox.settings import QueueSettings
+from outbox.wakeup import WakeUpQueue
+from tests.conftest import SECRET
+from tests.support.azure import connection_string, free_port
+from tests.support.outbox_helpers import eventually, open_relay, row, seed, statuses
+from tests.support.receiver import Receiver, Reply
+
+
+async def test_delivers_a_signed_webhook_with_the_contracted_body_and_headers(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    [message_id] = await seed(db, payload=lambda _: {"orderId": 42})
+    async with open_relay(make_settings()) as relay:
+        summary = await relay.processor.execute()
+    assert (summary.leased, summary.processed, summary.retried, summary.failed) == (1, 1, 0, 0)
+    [request] = receiver.to("/orders")
+    stored = await row(db, message_id)
+    assert request.method == "POST"
+    assert request.json == {
+        "id": str(message_id),
+        "type": "OrderCompleted",
+        "timestamp": stored["created_at"].isoformat(),
+        "data": {"orderId": 42},
+    }
+    assert request.headers["content-type"] == "application/json"
+    assert request.webhook_id == str(message_id)
+    assert abs(int(request.headers["webhook-timestamp"]) - time.time()) < 300
+    assert Webhook(SECRET).verify(request.body, request.headers) == request.json
+    assert stored["status"] == "Processed"
+    assert stored["processed_at"] is not None
+    assert stored["last_error"] is None
+    assert stored["attempt_count"] == 1
+    assert stored["lease_expires_at"] is None
+
+
+async def test_signature_fails_after_tampering_with_body_id_or_timestamp(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    await seed(db)
+    async with open_relay(make_settings()) as relay:
+        await relay.processor.execute()
+    [request] = receiver.requests
+    tampered = [
+        (request.body.replace(b'"orderId": 0', b'"orderId": 1'), request.headers),
+        (request.body, {**request.headers, "webhook-id": "another-id"}),
+        (
+            request.body,
+            {
+                **request.headers,
+                "webhook-timestamp": str(int(request.headers["webhook-timestamp"]) - 1),
+            },
+        ),
+    ]
+    for body, headers in tampered:
+        with pytest.raises(WebhookVerificationError):
+            Webhook(SECRET).verify(body, headers)
+
+
+async def test_endpoint_without_secret_gets_no_signature(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    await seed(db, event_type="Unsigned")
+    async with open_relay(make_settings()) as relay:
+        await relay.processor.execute()
+    [request] = receiver.to("/unsigned")
+    assert "webhook-signature" not in request.headers
+    assert request.headers["webhook-id"]
+
+
+async def test_5xx_goes_back_to_pending_after_the_first_backoff_step(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    receiver.script("/orders", Reply(503, b"upstream\ndown"))
+    [message_id] = await seed(db)
+    async with open_relay(make_settings()) as relay:
+        summary = await relay.processor.execute()
+    assert (summary.processed, summary.retried, summary.failed) == (0, 1, 0)
+    stored = await row(db, message_id)
+    assert stored["status"] == "Pending"
+    assert stored["attempt_count"] == 1
+    assert stored["last_error"] == "HTTP 503: upstream down"
+    assert 8.5 <= stored["due_in"] <= 10.0  # 10 s, less up to 10% jitter
+    assert stored["processed_at"] is None
+
+
+async def test_429_honours_retry_after(db: Any, receiver: Receiver, make_settings: Any) -> None:
+    receiver.script("/orders", Reply(429, b"slow down", headers={"Retry-After": "120"}))
+    [message_id] = await seed(db)
+    async with open_relay(make_settings()) as relay:
+        await relay.processor.execute()
+    stored = await row(db, message_id)
+    assert stored["status"] == "Pending"
+    assert 118 <= stored["due_in"] <= 120
+    assert stored["last_error"] == "HTTP 429: slow down"
+
+
+async def test_410_fails_at_once_and_keeps_the_row(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    receiver.script("/orders", Reply(410, b"gone"))
+    [message_id] = await seed(db)
+    async with open_relay(make_settings()) as relay:
+        summary = await relay.processor.execute()
+    assert summary.failed == 1
+    stored = await row(db, message_id)
+    assert (stored["status"], stored["attempt_count"]) == ("Failed", 1)
+    assert stored["last_error"] == "HTTP 410: gone"
+    assert stored["processed_at"] is None
+
+
+async def test_redirects_are_not_followed(db: Any, receiver: Receiver, make_settings: Any) -> None:
+    receiver.script("/orders", Reply(302, headers={"Location": receiver.url("/elsewhere")}))
+    [message_id] = await seed(db)
+    async with open_relay(make_settings()) as relay:
+        await relay.processor.execute()
+    assert receiver.to("/elsewhere") == []
+    stored = await row(db, message_id)
+    assert stored["status"] == "Failed"
+    assert stored["last_error"].startswith("HTTP 302")
+
+
+async def test_unknown_event_type_fails_without_a_request(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    [message_id] = await seed(db, event_type="InvoicePaid")
+    async with open_relay(make_settings()) as relay:
+        await relay.processor.execute()
+    assert receiver.requests == []
+    stored = await row(db, message_id)
+    assert stored["status"] == "Failed"
+    assert stored["last_error"] == (
+        "no endpoint configured for event type 'InvoicePaid' (OUTBOX_WEBHOOKS)"
+    )
+
+
+async def test_connection_refused_is_retried_and_the_url_stays_out_of_last_error(
+    db: Any, make_settings: Any
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}/hooks/capability-token-123"
+    [message_id] = await seed(db)
+    async with open_relay(make_settings(webhooks={"OrderCompleted": {"url": url}})) as relay:
+        summary = await relay.processor.execute()
+    assert summary.retried == 1
+    stored = await row(db, message_id)
+    assert stored["status"] == "Pending"
+    assert stored["last_error"].startswith("ClientConnectorError: Cannot connect to host 127.0.0.1")
+    assert "capability-token-123" not in stored["last_error"]
+
+
+async def test_timeout_is_retried(db: Any, receiver: Receiver, make_settings: Any) -> None:
+    release = asyncio.Event()
+    receiver.script("/orders", Reply(200, hold=release))
+    [message_id] = await seed(db)
+    try:
+        async with open_relay(make_settings(http_timeout_seconds=0.5)) as relay:
+            summary = await relay.processor.execute()
+    finally:
+        release.set()
+    assert summary.retried == 1
+    stored = await row(db, message_id)
+    assert (stored["status"], stored["last_error"]) == ("Pending", "timed out after 0.5s")
+
+
+async def test_the_last_allowed_attempt_fails_the_message(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    receiver.script("/orders", then=Reply(500, b"still broken"))
+    [message_id] = await seed(db)
+    await db.execute("UPDATE outbox_messages SET attempt_count = 2")
+    async with open_relay(make_settings(max_attempts=3)) as relay:
+        summary = await relay.processor.execute()
+    assert summary.failed == 1
+    stored = await row(db, message_id)
+    assert (stored["status"], stored["attempt_count"]) == ("Failed", 3)
+    assert stored["last_error"] == "gave up after 3 attempts: HTTP 500: still broken"
+
+
+@pytest.mark.parametrize(
+    ("payload", "error"),
+    [
+        ("null", "payload is JSON null, not an object"),
+        ("[1, 2]", "payload is JSON array, not an object"),
+        ('"text"', "payload is JSON string, not an object"),
+        (json.dumps({"blob": "x" * 2000}), "above OUTBOX_MAX_PAYLOAD_BYTES=1024"),
+    ],
+)
+async def test_unsendable_rows_written_by_hand_fail_with_a_reason(
+    db: Any, receiver: Receiver, make_settings: Any, payload: str, error: str
+) -> None:
+    message_id = await db.fetchval(
+        "INSERT INTO outbox_messages (outbox_message_id, event_type, payload) "
+        "VALUES (gen_random_uuid(), 'OrderCompleted', $1::jsonb) RETURNING outbox_message_id",
+        payload,
+    )
+    async with open_relay(make_settings(max_payload_bytes=1024)) as relay:
+        await relay.processor.execute()
+    assert receiver.requests == []
+    stored = await row(db, message_id)
+    assert stored["status"] == "Failed"
+    assert error in stored["last_error"]
+
+
+async def test_drains_batch_after_batch_until_nothing_is_due(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    ids = await seed(db, 35)
+    async with open_relay(make_settings(batch_size=10)) as relay:
+        summary = await relay.processor.execute()
+    assert (summary.leased, summary.processed, summary.batches) == (35, 35, 4)
+    assert sorted(r.webhook_id for r in receiver.requests) == sorted(map(str, ids))
+    assert await statuses(db) == {"Processed": 35}
+
+
+async def test_concurrency_bounds_requests_in_flight(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    release = asyncio.Event()
+    receiver.script("/orders", then=Reply(200, hold=release))
+    await seed(db, 12)
+    async with open_relay(make_settings(concurrency=3)) as relay:
+        drain = asyncio.create_task(relay.processor.execute())
+        await eventually(lambda: _true(receiver.in_flight == 3))
+        release.set()
+        summary = await drain
+    assert summary.processed == 12
+    assert receiver.max_in_flight == 3
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+class CountingPool:
+    """A pool that counts the statements it runs, by name."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self.calls: list[tuple[str, int]] = []
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        name = next(n for n, q in store.QUERIES.items() if q == query)
+        self.calls.append((name, len(args[0]) if isinstance(args[0], list) else 0))
+        return await self._pool.fetch(query, *args)
+
+
+async def test_outcomes_of_a_batch_are_written_in_one_statement(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    receiver.script("/orders", *[Reply(500)] * 5)  # a mix of outcomes in the first batch
+    await seed(db, 25)
+    settings = make_settings(batch_size=10)
+    async with open_relay(settings) as relay:
+        pool = CountingPool(relay.pool)
+        processor = OutboxProcessor(
+            pool, Publisher.from_settings(relay.session, settings).deliver, settings
+        )
+        summary = await processor.execute()
+    assert (summary.processed, summary.retried) == (20, 5)
+    writes = [size for name, size in pool.calls if name == "record_outcomes"]
+    assert sorted(writes) == [5, 10, 10]
+    assert [name for name, _ in pool.calls].count("lease_batch") == 4  # the last one finds nothing
+
+
+async def test_an_expired_lease_is_released_to_another_worker(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    [message_id] = await seed(db)
+    # A worker leases the row for half a second and dies without recording anything.
+    [leased] = await store.lease_batch(db, 10, 0.5)
+    await eventually(lambda: db.fetchval("SELECT lease_expires_at <= now() FROM outbox_messages"))
+    async with open_relay(make_settings()) as relay:
+        summary = await relay.processor.execute()
+    assert summary.processed == 1
+    stored = await row(db, message_id)
+    assert (stored["status"], stored["attempt_count"]) == ("Processed", 2)
+    assert stored["lease_token"] != leased.lease_token
+
+
+async def test_a_valid_lease_is_not_taken_by_another_worker(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    [message_id] = await seed(db)
+    await store.lease_batch(db, 10, 60)
+    async with open_relay(make_settings()) as relay:
+        summary = await relay.processor.execute()
+    assert summary.leased == 0
+    assert receiver.requests == []
+    assert (await row(db, message_id))["status"] == "Processing"
+
+
+async def test_two_processors_draining_at_once_never_deliver_a_row_twice(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    ids = await seed(db, 300)
+    settings = make_settings(batch_size=20)
+    async with open_relay(settings) as first, open_relay(settings) as second:
+        a, b = await asyncio.gather(first.processor.execute(), second.processor.execute())
+    assert a.leased + b.leased == 300
+    assert a.processed + b.processed == 300
+    hits = Counter(r.webhook_id for r in receiver.requests)
+    assert set(hits) == set(map(str, ids))
+    assert set(hits.values()) == {1}
+
+
+async def test_a_stale_worker_cannot_overwrite_the_newer_outcome(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    slow = asyncio.Event()
+    # The first worker's request hangs, then fails; the second worker's succeeds.
+    receiver.script("/orders", Reply(500, b"late failure", hold=slow), Reply(200))
+    [message_id] = await seed(db)
+    async with open_relay(make_settings()) as first, open_relay(make_settings()) as second:
+        stale = asyncio.create_task(first.processor.execute())
+        await receiver.wait_for(1)
+        # The first worker's lease runs out while its request is still in flight.
+        await db.execute(
+            "UPDATE outbox_messages SET lease_expires_at = now(), next_attempt_at = now()"
+        )
+        fresh = await second.processor.execute()
+        slow.set()
+        late = await stale
+    assert (fresh.processed, late.stale, late.retried) == (1, 1, 0)
+    stored = await row(db, message_id)
+    assert (stored["status"], stored["attempt_count"]) == ("Processed", 2)
+    assert stored["last_error"] is None
+
+
+async def test_stop_finishes_in_flight_deliveries_and_releases_the_rest(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    release = asyncio.Event()
+    receiver.script("/orders", Reply(200, hold=release))
+    await seed(db, 5)
+    async with open_relay(make_settings(concurrency=1)) as relay:
+        drain = asyncio.create_task(relay.processor.execute())
+        await receiver.wait_for(1)
+        relay.processor.stop()
+        release.set()
+        summary = await drain
+    assert (summary.processed, summary.released, summary.stopped_by) == (1, 4, "stopped")
+    assert len(receiver.requests) == 1
+    assert await statuses(db) == {"Processed": 1, "Pending": 4}
+    released = await db.fetch("SELECT * FROM outbox_messages WHERE status = 'Pending'")
+    assert {(r["attempt_count"], r["last_error"]) for r in released} == {(0, None)}
+    assert await db.fetchval(
+        "SELECT bool_and(next_attempt_at <= now()) FROM outbox_messages WHERE status = 'Pending'"
+    )
+
+
+async def test_a_cancelled_run_still_records_its_outcomes(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    release = asyncio.Event()
+    receiver.script("/orders", Reply(200), Reply(200, hold=release))
+    await seed(db, 2)
+    try:
+        async with open_relay(make_settings(concurrency=1)) as relay:
+            drain = asyncio.create_task(relay.processor.execute())
+            await receiver.wait_for(2)
+            drain.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await drain
+    finally:
+        release.set()
+    assert await statuses(db) == {"Processed": 1, "Pending": 1}
+    interrupted = await db.fetchrow("SELECT * FROM outbox_messages WHERE status = 'Pending'")
+    assert interrupted["last_error"] == "delivery interrupted before it completed"
+    assert interrupted["attempt_count"] == 1
+
+
+async def test_shielded_write_completes_although_the_caller_is_cancelled(db: Any) -> None:
+    await db.execute("CREATE TABLE marks (n int)")
+    started = asyncio.Event()
+
+    async def slow_write() -> None:
+        started.set()
+        await db.execute("SELECT pg_sleep(0.3)")
+        await db.execute("INSERT INTO marks VALUES (1)")
+
+    caller = asyncio.create_task(shielded(slow_write()))
+    await started.wait()
+    caller.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await caller
+    assert await db.fetchval("SELECT count(*) FROM marks") == 1
+
+
+async def test_a_spent_budget_leases_nothing(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    await seed(db, 3)
+    async with open_relay(make_settings()) as relay:
+        summary = await relay.processor.execute(budget_seconds=1e-9)
+    assert (summary.leased, summary.stopped_by) == (0, "budget")
+    assert await statuses(db) == {"Pending": 3}
+
+
+async def test_a_lost_hint_is_delivered_by_the_next_drain(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    [message_id] = await seed(db)
+    broken = QueueSettings.load(queue_connection=connection_string(free_port()))
+    async with WakeUpQueue.from_settings(broken) as queue:
+        assert await queue.notify() is False
+    async with open_relay(make_settings()) as relay:
+        summary = await relay.processor.execute()
+    assert summary.processed == 1
+    assert receiver.to("/orders")[0].webhook_id == str(message_id)
+
+
+async def test_connections_are_kept_alive_across_deliveries(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    await seed(db, 20)
+    async with open_relay(make_settings(concurrency=2)) as relay:
+        await relay.processor.execute()
+    assert len(receiver.requests) == 20
+    # Twenty deliveries over at most two TCP connections: one per concurrent slot.
+    assert len({r.peer for r in receiver.requests}) <= 2

@@ -1,0 +1,1 @@
+"""Real services for the tests: PostgreSQL databases, an HTTP receiver, Azurite."""

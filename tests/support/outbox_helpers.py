@@ -1,0 +1,56 @@
+"""Small helpers shared by the integration tests."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import outbox
+from outbox.runtime import Relay
+from outbox.settings import Settings
+
+
+async def seed(
+    conn: Any,
+    count: int = 1,
+    event_type: str = "OrderCompleted",
+    payload: Callable[[int], dict[str, Any]] = lambda i: {"orderId": i},
+) -> list[uuid.UUID]:
+    """Enqueue ``count`` events in one committed transaction, as a producer would."""
+    async with conn.transaction():
+        return [await outbox.enqueue(conn, event_type, payload(i)) for i in range(count)]
+
+
+@asynccontextmanager
+async def open_relay(settings: Settings) -> AsyncIterator[Relay]:
+    relay = await Relay.open(settings)
+    try:
+        yield relay
+    finally:
+        await relay.close()
+
+
+async def row(conn: Any, message_id: uuid.UUID) -> Any:
+    return await conn.fetchrow(
+        "SELECT *, extract(epoch FROM next_attempt_at - now())::float8 AS due_in "
+        "FROM outbox_messages WHERE outbox_message_id = $1",
+        message_id,
+    )
+
+
+async def statuses(conn: Any) -> dict[str, int]:
+    rows = await conn.fetch("SELECT status, count(*) AS n FROM outbox_messages GROUP BY status")
+    return {r["status"]: r["n"] for r in rows}
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15) -> None:
+    """Poll ``check`` until it is true; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)

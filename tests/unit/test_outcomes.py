@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import pytest
+
+from outbox.models import NotAttempted, Outcome, Response, Status, TransportError, Undeliverable
+from outbox.outcomes import MAX_ERROR_CHARS, classify
+
+NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+
+def outcome_of(result: object, attempt: int = 1, max_attempts: int = 5) -> Outcome:
+    return classify(
+        result,  # type: ignore[arg-type]
+        attempt=attempt,
+        max_attempts=max_attempts,
+        now=NOW,
+        rand=lambda: 0.0,
+    )
+
+
+@pytest.mark.parametrize("status", [200, 201, 202, 204, 299])
+def test_2xx_is_processed_and_clears_the_error(status: int) -> None:
+    assert outcome_of(Response(status)) == Outcome(Status.PROCESSED, 0.0, None)
+
+
+@pytest.mark.parametrize("status", [408, 429, 500, 502, 503, 504, 599])
+def test_retryable_statuses_go_back_to_pending_with_backoff(status: int) -> None:
+    outcome = outcome_of(Response(status, snippet="busy"), attempt=3)
+    assert outcome.status is Status.PENDING
+    assert outcome.delay_seconds == 40.0
+    assert outcome.error == f"HTTP {status}: busy"
+    assert not outcome.not_attempted
+
+
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 405, 409, 410, 413, 422, 451])
+def test_other_4xx_fail_at_once(status: int) -> None:
+    outcome = outcome_of(Response(status, snippet="nope"), attempt=1)
+    assert outcome == Outcome(Status.FAILED, 0.0, f"HTTP {status}: nope")
+
+
+@pytest.mark.parametrize("status", [300, 301, 302, 303, 304, 307, 308])
+def test_redirects_fail_at_once_because_they_are_not_followed(status: int) -> None:
+    outcome = outcome_of(Response(status))
+    assert outcome.status is Status.FAILED
+    assert outcome.error is not None
+    assert outcome.error.startswith(f"HTTP {status}")
+    assert "redirects are not followed" in outcome.error
+
+
+@pytest.mark.parametrize("status", [100, 199, 600, 999])
+def test_statuses_outside_the_known_classes_fail(status: int) -> None:
+    assert outcome_of(Response(status)).status is Status.FAILED
+
+
+def test_transport_errors_are_retried() -> None:
+    outcome = outcome_of(TransportError("ClientConnectorError: refused"), attempt=1)
+    assert outcome == Outcome(Status.PENDING, 10.0, "ClientConnectorError: refused")
+
+
+def test_retry_after_is_honoured_on_429_and_503() -> None:
+    assert outcome_of(Response(429, retry_after="120")).delay_seconds == 120.0
+    assert outcome_of(Response(503, retry_after="5"), attempt=4).delay_seconds == 5.0
+
+
+def test_retry_after_on_a_permanent_status_does_not_make_it_retryable() -> None:
+    assert outcome_of(Response(410, retry_after="5")).status is Status.FAILED
+
+
+@pytest.mark.parametrize(
+    "result", [Response(500), Response(429), Response(408), TransportError("timed out after 5s")]
+)
+def test_last_allowed_attempt_fails_instead_of_retrying(result: object) -> None:
+    assert outcome_of(result, attempt=4, max_attempts=5).status is Status.PENDING
+    outcome = outcome_of(result, attempt=5, max_attempts=5)
+    assert outcome.status is Status.FAILED
+    assert outcome.error is not None
+    assert outcome.error.startswith("gave up after 5 attempts: ")
+
+
+def test_undeliverable_fails_at_once_even_on_the_first_attempt() -> None:
+    outcome = outcome_of(Undeliverable("no endpoint configured for event type 'X'"))
+    assert outcome == Outcome(Status.FAILED, 0.0, "no endpoint configured for event type 'X'")
+
+
+def test_not_attempted_is_released_without_counting_the_attempt() -> None:
+    outcome = outcome_of(NotAttempted("relay stopping"), attempt=5, max_attempts=5)
+    assert outcome == Outcome(Status.PENDING, 0.0, None, not_attempted=True)
+
+
+def test_error_text_is_bounded_and_on_one_line() -> None:
+    outcome = outcome_of(Response(500, snippet="line one\nline two " + "x" * 5000))
+    assert outcome.error is not None
+    assert len(outcome.error) == MAX_ERROR_CHARS
+    assert "\n" not in outcome.error
+    assert outcome.error.startswith("HTTP 500: line one line two x")
