@@ -1,0 +1,101 @@
+"""Fixtures over real services: a PostgreSQL database per test and a local webhook receiver."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from outbox.settings import QueueSettings, Settings
+from tests.support import pg
+from tests.support.azurite import Azurite
+from tests.support.receiver import Receiver
+
+SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # the Standard Webhooks documentation's example
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _clean_environment() -> Iterator[None]:
+    """Tests set what they need; nothing leaks in from the shell that runs them."""
+    saved = {k: v for k, v in os.environ.items() if k.startswith(("OUTBOX_", "AzureWebJobs"))}
+    for key in saved:
+        if key != "OUTBOX_TEST_ADMIN_DSN":
+            del os.environ[key]
+    yield
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def admin_dsn() -> str:
+    return pg.admin_dsn()
+
+
+@pytest.fixture(scope="session")
+def template_db(admin_dsn: str) -> Iterator[str]:
+    name = asyncio.run(pg.create_template(admin_dsn))
+    yield name
+    asyncio.run(pg.drop(admin_dsn, name))
+
+
+@pytest.fixture
+async def database_url(admin_dsn: str, template_db: str) -> AsyncIterator[str]:
+    """A fresh, migrated database for this test only."""
+    name = await pg.create_copy(admin_dsn, template_db)
+    yield pg.with_database(admin_dsn, name)
+    await pg.drop(admin_dsn, name)
+
+
+@pytest.fixture
+async def db(database_url: str) -> AsyncIterator[Any]:
+    conn = await asyncpg.connect(database_url)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+async def receiver() -> AsyncIterator[Receiver]:
+    server = await Receiver().start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+def make_settings(database_url: str, receiver: Receiver) -> Any:
+    """Settings for this test's database and receiver; keyword arguments override."""
+
+    def make(**overrides: Any) -> Settings:
+        values: dict[str, Any] = {
+            "database_url": database_url,
+            "webhooks": {
+                "OrderCompleted": {"url": receiver.url("/orders"), "secret": SECRET},
+                "Unsigned": {"url": receiver.url("/unsigned")},
+            },
+            "lease_seconds": 30,
+            "http_timeout_seconds": 5,
+        }
+        values.update(overrides)
+        return Settings.load(**values)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def azurite() -> Iterator[Azurite]:
+    """Azurite's queue service, shared by the session (each test uses its own queue)."""
+    server = Azurite().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def queue_settings(azurite: Azurite) -> QueueSettings:
+    """A wake-up queue of this test's own on the shared Azurite."""
+    return QueueSettings.load(
+        queue_connection=azurite.connection_string,
+        queue_name=f"wakeup-{uuid.uuid4().hex[:16]}",
+    )

@@ -1,0 +1,101 @@
+"""``python -m outbox`` run as a user runs it: a subprocess with settings in the environment."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import SECRET
+from tests.support import pg
+from tests.support.outbox_helpers import seed, statuses
+from tests.support.receiver import Receiver
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    import asyncio
+
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "outbox", *args],
+            cwd=ROOT,
+            env={"PATH": os.environ["PATH"], **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    # Off the event loop: the receiver in this process must keep answering meanwhile.
+    return await asyncio.to_thread(run)
+
+
+async def test_migrate_command_is_idempotent(admin_dsn: str) -> None:
+    name = pg.unique_name("outbox_cli")
+    import asyncpg
+
+    conn = await asyncpg.connect(admin_dsn)
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    env = {"OUTBOX_DATABASE_URL": pg.with_database(admin_dsn, name)}
+    try:
+        first = await run_cli("migrate", env=env)
+        second = await run_cli("migrate", env=env)
+    finally:
+        await pg.drop(admin_dsn, name)
+    assert first.returncode == 0, first.stderr
+    assert json.loads(first.stdout)["applied"][0].startswith("0001_")
+    assert (second.returncode, json.loads(second.stdout)) == (0, {"applied": []})
+
+
+async def test_drain_command_prints_one_json_summary(
+    db: Any, database_url: str, receiver: Receiver
+) -> None:
+    await seed(db, 3)
+    webhooks = {"OrderCompleted": {"url": receiver.url("/orders"), "secret": SECRET}}
+    result = await run_cli(
+        "drain", env={"OUTBOX_DATABASE_URL": database_url, "OUTBOX_WEBHOOKS": json.dumps(webhooks)}
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert (summary["leased"], summary["processed"], summary["failed"]) == (3, 3, 0)
+    assert summary["stopped_by"] == "drained"
+    assert isinstance(summary["duration_seconds"], float)
+    assert len(receiver.requests) == 3
+    assert await statuses(db) == {"Processed": 3}
+
+
+async def test_bad_settings_exit_2_naming_the_setting_without_the_secret() -> None:
+    secret = "whsec_bm90LWEtdmFsaWQtc2VjcmV0!!"
+    webhooks = {"A": {"url": "https://example.com/h", "secret": secret}}
+    result = await run_cli(
+        "drain",
+        env={
+            "OUTBOX_DATABASE_URL": "postgresql://u:pw-in-url@127.0.0.1/x",
+            "OUTBOX_WEBHOOKS": json.dumps(webhooks),
+            "OUTBOX_BATCH_SIZE": "-1",
+        },
+    )
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert "OUTBOX_WEBHOOKS['A'].secret" in result.stderr
+    assert "OUTBOX_BATCH_SIZE" in result.stderr
+    assert "bm90LWEtdmFsaWQtc2VjcmV0" not in result.stderr
+    assert "pw-in-url" not in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+async def test_unreachable_database_is_a_clean_error(receiver: Receiver) -> None:
+    from tests.support.azure import free_port
+
+    dsn = f"postgresql://relay:pw-in-url@127.0.0.1:{free_port()}/x"
+    result = await run_cli("drain", env={"OUTBOX_DATABASE_URL": dsn})
+    assert result.returncode == 1
+    assert "error: database: ConnectionRefusedError" in result.stderr
+    assert "pw-in-url" not in result.stderr
+    assert "Traceback" not in result.stderr
