@@ -45,6 +45,7 @@ DATABASE_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.InterfaceError,
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
 )
 
 Deliver = Callable[[LeasedMessage], Awaitable[DeliveryResult]]
@@ -75,8 +76,9 @@ class OutboxProcessor:
     async def execute(self, budget_seconds: float | None = None) -> DrainSummary:
         """Deliver due messages until none is due, the budget is spent, or ``stop()`` is called.
 
-        Database errors end the run early; they are reported in ``summary.error`` rather than
-        raised, and whatever was leased stays safe under its lease.
+        Database errors (unreachable, connection lost, schema missing) end the run early; they
+        are reported in ``summary.error`` rather than raised, and whatever was leased stays safe
+        under its lease.
         """
         summary = DrainSummary()
         started = time.monotonic()
@@ -84,7 +86,7 @@ class OutboxProcessor:
         batches: set[asyncio.Task[None]] = set()
         try:
             await self._drain(summary, started + budget, batches)
-        except DATABASE_ERRORS as exc:
+        except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
             self._report_database_error(summary, exc)
         except asyncio.CancelledError:
             # Interrupt the deliveries; each batch still records what it has (shielded).
@@ -171,7 +173,7 @@ class OutboxProcessor:
     ) -> None:
         try:
             written = await retry_database(lambda: store.record_outcomes(self._pool, outcomes))
-        except DATABASE_ERRORS as exc:
+        except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
             # The rows stay Processing; once their lease expires they are delivered again.
             summary.unrecorded += len(outcomes)
             self._report_database_error(summary, exc)

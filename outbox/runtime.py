@@ -20,10 +20,13 @@ from outbox.store import Connection
 
 
 async def create_pool(settings: Settings) -> Connection:
-    """A small asyncpg pool: the processor holds at most one connection per in-flight batch."""
+    """A small asyncpg pool: the processor holds at most one connection per in-flight batch.
+
+    It connects on first use, not here, so an unreachable database surfaces as a run's error.
+    """
     return await asyncpg.create_pool(
         settings.database_url.get_secret_value(),
-        min_size=1,
+        min_size=0,
         max_size=settings.db_pool_size,
         max_inactive_connection_lifetime=60,
         command_timeout=30,

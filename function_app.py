@@ -1,0 +1,41 @@
+"""Azure Functions entry points (Python v2 programming model): wiring only.
+
+Three triggers, one processor. Each unpacks its binding and calls ``outbox.triggers``; nothing
+connects at import time (the host imports this file while indexing, before any invocation).
+"""
+
+from __future__ import annotations
+
+import json
+
+import azure.functions as func
+
+from outbox import triggers
+
+app = func.FunctionApp(http_auth_level=func.AuthLevel.FUNCTION)
+
+
+@app.function_name(name="outbox_queue")
+@app.queue_trigger(
+    arg_name="msg", queue_name="%OUTBOX_QUEUE_NAME%", connection="AzureWebJobsStorage"
+)
+async def outbox_queue(msg: func.QueueMessage) -> None:
+    """A wake-up hint arrived: drain now."""
+    await triggers.on_hint(msg.get_body(), message_id=msg.id, dequeue_count=msg.dequeue_count)
+
+
+@app.function_name(name="outbox_timer")
+@app.timer_trigger(
+    arg_name="timer", schedule="0 */5 * * * *", run_on_startup=False, use_monitor=True
+)
+async def outbox_timer(timer: func.TimerRequest) -> None:
+    """Every five minutes: drain whatever a lost hint left behind."""
+    await triggers.on_timer(past_due=timer.past_due)
+
+
+@app.function_name(name="outbox_drain")
+@app.route(route="outbox/drain", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+async def outbox_drain(req: func.HttpRequest) -> func.HttpResponse:
+    """POST /api/outbox/drain[?budgetSeconds=N]: drain now, answer with the JSON summary."""
+    status, body = await triggers.on_drain_request(dict(req.params), req.get_body())
+    return func.HttpResponse(json.dumps(body), status_code=status, mimetype="application/json")

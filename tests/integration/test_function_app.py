@@ -1,0 +1,253 @@
+"""The Functions app: indexed as the worker indexes it, invoked with real azure.functions objects
+against a real PostgreSQL, a real HTTP receiver and (end to end) a real Azurite queue."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import azure.functions as func
+import pytest
+from azure.functions.queue import QueueMessage
+from azure.functions.timer import TimerRequest
+from azure.storage.queue.aio import QueueClient
+
+import function_app
+import outbox
+from outbox.errors import OutboxError
+from outbox.runtime import close_shared_relay
+from outbox.settings import QueueSettings
+from outbox.wakeup import WakeUpQueue
+from tests.conftest import SECRET
+from tests.support import indexing
+from tests.support.azure import free_port
+from tests.support.outbox_helpers import row, seed, statuses
+from tests.support.receiver import Receiver, Reply
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def functions() -> dict[str, Any]:
+    return indexing.index()  # once: the worker indexes the app once per process
+
+
+@pytest.fixture
+async def app_env(
+    monkeypatch: pytest.MonkeyPatch, database_url: str, receiver: Receiver
+) -> AsyncIterator[None]:
+    """App settings as the host would pass them, and a fresh per-process relay afterwards."""
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", database_url)
+    monkeypatch.setenv(
+        "OUTBOX_WEBHOOKS",
+        json.dumps({"OrderCompleted": {"url": receiver.url("/orders"), "secret": SECRET}}),
+    )
+    monkeypatch.setenv("OUTBOX_HTTP_TIMEOUT_SECONDS", "5")
+    yield
+    await close_shared_relay()
+
+
+def test_exactly_three_functions_with_the_contracted_bindings(functions: dict[str, Any]) -> None:
+    indexing.check(functions)
+    assert indexing.bindings(functions["outbox_drain"])[0]["authLevel"] == "FUNCTION"
+
+
+def test_importing_and_indexing_needs_no_settings_and_connects_to_nothing() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.support.indexing"],
+        cwd=ROOT,
+        env={"PATH": os.environ["PATH"]},  # no database, no storage, no webhooks
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "indexed 3 functions" in result.stdout
+
+
+async def test_queue_function_drains(db: Any, receiver: Receiver, app_env: None) -> None:
+    [message_id] = await seed(db)
+    hint = QueueMessage(id="m1", body=b'{"requestedAt": "2026-01-01T00:00:00Z"}', dequeue_count=1)
+    await function_app.outbox_queue(hint)
+    assert receiver.to("/orders")[0].webhook_id == str(message_id)
+    assert (await row(db, message_id))["status"] == "Processed"
+
+
+@pytest.mark.parametrize(
+    "body", [b"", b"not json at all", b"\xff\xfe\x00garbage", b"[1, 2, 3]", b"x" * 70_000]
+)
+async def test_a_garbage_hint_still_succeeds_and_drains(
+    db: Any, receiver: Receiver, app_env: None, body: bytes, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    await seed(db, 2)
+    await function_app.outbox_queue(QueueMessage(id="junk", body=body, dequeue_count=3))
+    assert await statuses(db) == {"Processed": 2}
+    [logged] = [r.getMessage() for r in caplog.records if "wake-up hint junk" in r.getMessage()]
+    assert len(logged) < 400  # the content is logged, bounded
+
+
+async def test_timer_function_drains(db: Any, receiver: Receiver, app_env: None) -> None:
+    await seed(db, 3)
+    await function_app.outbox_timer(TimerRequest(past_due=True))
+    assert len(receiver.to("/orders")) == 3
+    assert await statuses(db) == {"Processed": 3}
+
+
+async def test_timer_function_fails_the_invocation_when_the_database_is_down(
+    monkeypatch: pytest.MonkeyPatch, app_env: None
+) -> None:
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", f"postgresql://u:pw-123@127.0.0.1:{free_port()}/x")
+    with pytest.raises(OutboxError, match="scheduled outbox drain failed: database error") as info:
+        await function_app.outbox_timer(TimerRequest())
+    assert "pw-123" not in str(info.value)
+
+
+def drain_request(params: dict[str, str] | None = None, body: bytes = b"") -> func.HttpRequest:
+    return func.HttpRequest(
+        method="POST", url="/api/outbox/drain", headers={}, params=params or {}, body=body
+    )
+
+
+async def test_http_drain_answers_200_with_the_summary(
+    db: Any, receiver: Receiver, app_env: None
+) -> None:
+    await seed(db, 4)
+    receiver.script("/orders", Reply(500))
+    response = await function_app.outbox_drain(drain_request({"budgetSeconds": "20", "code": "k"}))
+    assert response.status_code == 200
+    assert response.mimetype == "application/json"
+    summary = json.loads(response.get_body())
+    assert (summary["leased"], summary["processed"], summary["retried"]) == (4, 3, 1)
+    assert summary["error"] is None
+
+
+async def test_http_drain_accepts_the_budget_in_a_json_body(
+    db: Any, receiver: Receiver, app_env: None
+) -> None:
+    await seed(db)
+    response = await function_app.outbox_drain(drain_request(body=b'{"budgetSeconds": 5}'))
+    assert response.status_code == 200
+    assert json.loads(response.get_body())["processed"] == 1
+
+
+@pytest.mark.parametrize(
+    ("params", "body", "error"),
+    [
+        ({"budgetSeconds": "soon"}, b"", "budgetSeconds must be a number of seconds"),
+        ({"budgetSeconds": "0"}, b"", "budgetSeconds must be greater than 0 and at most 120"),
+        ({"budgetSeconds": "-3"}, b"", "budgetSeconds must be greater than 0 and at most 120"),
+        ({"budgetSeconds": "121"}, b"", "budgetSeconds must be greater than 0 and at most 120"),
+        ({"budgetSeconds": "nan"}, b"", "budgetSeconds must be greater than 0 and at most 120"),
+        ({"budgetSeconds": "inf"}, b"", "budgetSeconds must be greater than 0 and at most 120"),
+        ({"batch": "5"}, b"", "unknown parameter(s): batch"),
+        ({}, b"{not json", "the request body must be empty or a JSON object"),
+        ({}, b"[1]", "the request body must be empty or a JSON object"),
+        ({}, b'{"budgetSeconds": true}', "budgetSeconds must be a number of seconds"),
+        ({}, b'{"budgetSeconds": "x"}', "budgetSeconds must be a number of seconds"),
+        ({}, b'{"limit": 3}', "unknown field(s) in the body: limit"),
+        (
+            {"budgetSeconds": "5"},
+            b'{"budgetSeconds": 5}',
+            "give budgetSeconds in the query or in the body, not both",
+        ),
+    ],
+)
+async def test_http_drain_rejects_bad_parameters_with_400(
+    db: Any, app_env: None, params: dict[str, str], body: bytes, error: str
+) -> None:
+    await seed(db)
+    response = await function_app.outbox_drain(drain_request(params, body))
+    assert response.status_code == 400
+    assert json.loads(response.get_body()) == {"error": error}
+    assert await statuses(db) == {"Pending": 1}  # nothing was drained
+
+
+async def test_http_drain_reports_a_database_outage_as_503_without_details(
+    monkeypatch: pytest.MonkeyPatch, app_env: None
+) -> None:
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", f"postgresql://u:pw-123@127.0.0.1:{free_port()}/x")
+    response = await function_app.outbox_drain(drain_request())
+    assert response.status_code == 503
+    text = response.get_body().decode()
+    assert json.loads(text)["error"] == "database error; see the function logs"
+    assert "pw-123" not in text
+    assert "127.0.0.1" not in text
+    assert "Traceback" not in text
+
+
+async def test_http_drain_reports_bad_settings_as_500_without_details(
+    monkeypatch: pytest.MonkeyPatch, app_env: None
+) -> None:
+    monkeypatch.setenv(
+        "OUTBOX_WEBHOOKS", '{"A": {"url": "https://x", "secret": "whsec_oops-leak"}}'
+    )
+    response = await function_app.outbox_drain(drain_request())
+    assert response.status_code == 500
+    text = response.get_body().decode()
+    assert json.loads(text) == {"error": "the relay is misconfigured; see the function logs"}
+    assert "oops-leak" not in text
+
+
+async def test_clients_are_created_once_per_process_and_reused(
+    db: Any, receiver: Receiver, app_env: None
+) -> None:
+    from outbox.runtime import shared_relay
+
+    await seed(db)
+    await function_app.outbox_timer(TimerRequest())
+    first = await shared_relay()
+    await function_app.outbox_drain(drain_request())
+    await function_app.outbox_queue(QueueMessage(id="x", body=b"{}", dequeue_count=1))
+    again = await shared_relay()
+    assert again is first
+    assert again.pool is first.pool
+    assert again.session is first.session
+
+
+async def test_end_to_end_through_azurite(
+    db: Any,
+    receiver: Receiver,
+    app_env: None,
+    queue_settings: QueueSettings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AzureWebJobsStorage", queue_settings.queue_connection.get_secret_value())
+    monkeypatch.setenv("OUTBOX_QUEUE_NAME", queue_settings.queue_name)
+    # Producer: business write and outbox row in one transaction, then the hint.
+    await db.execute("CREATE TABLE orders (id int PRIMARY KEY)")
+    async with WakeUpQueue.from_settings() as queue:
+        async with outbox.transaction(db, queue) as tx:
+            await db.execute("INSERT INTO orders VALUES (42)")
+            message_id = await tx.enqueue("OrderCompleted", {"orderId": 42})
+    # The message on the queue is base64 of a small JSON object, as the trigger expects.
+    raw_client = QueueClient.from_connection_string(
+        queue_settings.queue_connection.get_secret_value(), queue_settings.queue_name
+    )
+    async with raw_client:
+        [message] = [m async for m in raw_client.receive_messages(visibility_timeout=30)]
+        decoded = base64.b64decode(message.content, validate=True)
+        assert set(json.loads(decoded)) == {"requestedAt"}
+        # The host hands the decoded body to the function; on success it deletes the message.
+        await function_app.outbox_queue(
+            QueueMessage(
+                id=message.id,
+                body=decoded,
+                dequeue_count=message.dequeue_count,
+                pop_receipt=message.pop_receipt,
+            )
+        )
+        await raw_client.delete_message(message)
+        assert [m async for m in raw_client.receive_messages()] == []
+    [request] = receiver.to("/orders")
+    assert request.webhook_id == str(message_id)
+    assert request.json["data"] == {"orderId": 42}
+    assert (await row(db, message_id))["status"] == "Processed"

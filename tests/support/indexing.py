@@ -1,0 +1,70 @@
+"""Index ``function_app.py`` as the Python worker does and check every binding.
+
+Used by the test suite, and on its own (``python -m tests.support.indexing``) by CI under other
+Python versions, where only the runtime requirements are installed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+from typing import Any
+
+EXPECTED: dict[str, list[dict[str, Any]]] = {
+    "outbox_queue": [
+        {
+            "direction": "IN",
+            "type": "queueTrigger",
+            "name": "msg",
+            "queueName": "%OUTBOX_QUEUE_NAME%",
+            "connection": "AzureWebJobsStorage",
+        }
+    ],
+    "outbox_timer": [
+        {
+            "direction": "IN",
+            "type": "timerTrigger",
+            "name": "timer",
+            "schedule": "0 */5 * * * *",
+            "runOnStartup": False,
+            "useMonitor": True,
+        }
+    ],
+    "outbox_drain": [
+        {
+            "direction": "IN",
+            "type": "httpTrigger",
+            "name": "req",
+            "methods": ["POST"],
+            "authLevel": "FUNCTION",
+            "route": "outbox/drain",
+        },
+        {"direction": "OUT", "type": "http", "name": "$return"},
+    ],
+}
+
+
+def index() -> dict[str, Any]:
+    """``{function name: function}`` from one ``app.get_functions()`` call, as the worker makes."""
+    import function_app
+
+    return {f.get_function_name(): f for f in function_app.app.get_functions()}
+
+
+def bindings(function: Any) -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in function.get_raw_bindings()]
+
+
+def check(functions: dict[str, Any]) -> None:
+    """Raise AssertionError unless exactly the expected functions and bindings are indexed."""
+    assert sorted(functions) == sorted(EXPECTED), sorted(functions)
+    for name, function in functions.items():
+        assert bindings(function) == EXPECTED[name], (name, bindings(function))
+        assert inspect.iscoroutinefunction(function.get_user_function()), name
+
+
+if __name__ == "__main__":
+    found = index()
+    check(found)
+    print(f"indexed {len(found)} functions on Python {sys.version.split()[0]}: {', '.join(found)}")
