@@ -90,12 +90,52 @@ async def test_bad_settings_exit_2_naming_the_setting_without_the_secret() -> No
     assert "Traceback" not in result.stderr
 
 
-async def test_unreachable_database_is_a_clean_error(receiver: Receiver) -> None:
+async def test_unreachable_database_is_a_clean_error() -> None:
     from tests.support.azure import free_port
 
-    dsn = f"postgresql://relay:pw-in-url@127.0.0.1:{free_port()}/x"
-    result = await run_cli("drain", env={"OUTBOX_DATABASE_URL": dsn})
+    env = {"OUTBOX_DATABASE_URL": f"postgresql://relay:pw-in-url@127.0.0.1:{free_port()}/x"}
+    drain = await run_cli("drain", env=env)
+    migrate = await run_cli("migrate", env=env)
+    assert drain.returncode == 1
+    summary = json.loads(drain.stdout)
+    assert summary["stopped_by"] == "error"
+    assert summary["error"].startswith("database error: ConnectionRefusedError")
+    assert migrate.returncode == 1
+    assert "error: database: ConnectionRefusedError" in migrate.stderr
+    for result in (drain, migrate):
+        assert "pw-in-url" not in result.stdout + result.stderr
+        assert "Traceback" not in result.stderr
+
+
+async def test_enqueue_command_commits_the_event_and_sends_a_hint(
+    db: Any, database_url: str, queue_settings: Any
+) -> None:
+    from tests.integration.test_producer import peek_hints
+
+    result = await run_cli(
+        "enqueue",
+        "OrderCompleted",
+        '{"orderId": 7}',
+        env={
+            "OUTBOX_DATABASE_URL": database_url,
+            "AzureWebJobsStorage": queue_settings.queue_connection.get_secret_value(),
+            "OUTBOX_QUEUE_NAME": queue_settings.queue_name,
+        },
+    )
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    assert output["hintSent"] is True
+    stored = await db.fetchrow("SELECT * FROM outbox_messages")
+    assert str(stored["outbox_message_id"]) == output["messageId"]
+    assert (stored["event_type"], stored["status"]) == ("OrderCompleted", "Pending")
+    assert json.loads(stored["payload"]) == {"orderId": 7}
+    assert len(await peek_hints(queue_settings)) == 1
+
+
+async def test_enqueue_command_refuses_a_payload_that_is_not_an_object(
+    db: Any, database_url: str
+) -> None:
+    result = await run_cli("enqueue", "X", "[1]", env={"OUTBOX_DATABASE_URL": database_url})
     assert result.returncode == 1
-    assert "error: database: ConnectionRefusedError" in result.stderr
-    assert "pw-in-url" not in result.stderr
-    assert "Traceback" not in result.stderr
+    assert "error: payload must be a JSON object" in result.stderr
+    assert await db.fetchval("SELECT count(*) FROM outbox_messages") == 0
