@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -11,6 +12,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from outbox.runtime import close_shared_relay
 from outbox.settings import QueueSettings, Settings
 from tests.support import pg
 from tests.support.azurite import Azurite
@@ -99,3 +101,18 @@ def queue_settings(azurite: Azurite) -> QueueSettings:
         queue_connection=azurite.connection_string,
         queue_name=f"wakeup-{uuid.uuid4().hex[:16]}",
     )
+
+
+@pytest.fixture
+async def app_env(
+    monkeypatch: pytest.MonkeyPatch, database_url: str, receiver: Receiver
+) -> AsyncIterator[None]:
+    """App settings as the host would pass them, and a fresh per-process relay afterwards."""
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", database_url)
+    monkeypatch.setenv(
+        "OUTBOX_WEBHOOKS",
+        json.dumps({"OrderCompleted": {"url": receiver.url("/orders"), "secret": SECRET}}),
+    )
+    monkeypatch.setenv("OUTBOX_HTTP_TIMEOUT_SECONDS", "5")
+    yield
+    await close_shared_relay()

@@ -3,36 +3,12 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 from tests.conftest import SECRET
 from tests.support import pg
-from tests.support.outbox_helpers import seed, statuses
+from tests.support.outbox_helpers import peek_hints, run_cli, seed, statuses
 from tests.support.receiver import Receiver
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-async def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    import asyncio
-
-    def run() -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "outbox", *args],
-            cwd=ROOT,
-            env={"PATH": os.environ["PATH"], **env},
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-
-    # Off the event loop: the receiver in this process must keep answering meanwhile.
-    return await asyncio.to_thread(run)
 
 
 async def test_migrate_command_is_idempotent(admin_dsn: str) -> None:
@@ -110,8 +86,6 @@ async def test_unreachable_database_is_a_clean_error() -> None:
 async def test_enqueue_command_commits_the_event_and_sends_a_hint(
     db: Any, database_url: str, queue_settings: Any
 ) -> None:
-    from tests.integration.test_producer import peek_hints
-
     result = await run_cli(
         "enqueue",
         "OrderCompleted",
@@ -124,9 +98,9 @@ async def test_enqueue_command_commits_the_event_and_sends_a_hint(
     )
     assert result.returncode == 0, result.stderr
     output = json.loads(result.stdout)
-    assert output["hintSent"] is True
+    assert output["hint_sent"] is True
     stored = await db.fetchrow("SELECT * FROM outbox_messages")
-    assert str(stored["outbox_message_id"]) == output["messageId"]
+    assert str(stored["outbox_message_id"]) == output["message_id"]
     assert (stored["event_type"], stored["status"]) == ("OrderCompleted", "Pending")
     assert json.loads(stored["payload"]) == {"orderId": 7}
     assert len(await peek_hints(queue_settings)) == 1

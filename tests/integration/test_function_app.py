@@ -9,7 +9,6 @@ import logging
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +21,8 @@ from azure.storage.queue.aio import QueueClient
 import function_app
 import outbox
 from outbox.errors import OutboxError
-from outbox.runtime import close_shared_relay
 from outbox.settings import QueueSettings
 from outbox.wakeup import WakeUpQueue
-from tests.conftest import SECRET
 from tests.support import indexing
 from tests.support.azure import free_port
 from tests.support.outbox_helpers import row, seed, statuses
@@ -39,24 +36,14 @@ def functions() -> dict[str, Any]:
     return indexing.index()  # once: the worker indexes the app once per process
 
 
-@pytest.fixture
-async def app_env(
-    monkeypatch: pytest.MonkeyPatch, database_url: str, receiver: Receiver
-) -> AsyncIterator[None]:
-    """App settings as the host would pass them, and a fresh per-process relay afterwards."""
-    monkeypatch.setenv("OUTBOX_DATABASE_URL", database_url)
-    monkeypatch.setenv(
-        "OUTBOX_WEBHOOKS",
-        json.dumps({"OrderCompleted": {"url": receiver.url("/orders"), "secret": SECRET}}),
-    )
-    monkeypatch.setenv("OUTBOX_HTTP_TIMEOUT_SECONDS", "5")
-    yield
-    await close_shared_relay()
-
-
-def test_exactly_three_functions_with_the_contracted_bindings(functions: dict[str, Any]) -> None:
+def test_exactly_the_contracted_functions_and_bindings(functions: dict[str, Any]) -> None:
     indexing.check(functions)
-    assert indexing.bindings(functions["outbox_drain"])[0]["authLevel"] == "FUNCTION"
+    http = [
+        name for name, f in functions.items() if indexing.bindings(f)[0]["type"] == "httpTrigger"
+    ]
+    assert sorted(http) == ["outbox_drain", "outbox_requeue", "outbox_status"]
+    for name in http:
+        assert indexing.bindings(functions[name])[0]["authLevel"] == "FUNCTION"
 
 
 def test_importing_and_indexing_needs_no_settings_and_connects_to_nothing() -> None:
@@ -70,7 +57,7 @@ def test_importing_and_indexing_needs_no_settings_and_connects_to_nothing() -> N
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "indexed 3 functions" in result.stdout
+    assert "indexed 6 functions" in result.stdout
 
 
 async def test_queue_function_drains(db: Any, receiver: Receiver, app_env: None) -> None:
@@ -122,7 +109,7 @@ async def test_http_drain_answers_200_with_the_summary(
 ) -> None:
     await seed(db, 4)
     receiver.script("/orders", Reply(500))
-    response = await function_app.outbox_drain(drain_request({"budgetSeconds": "20", "code": "k"}))
+    response = await function_app.outbox_drain(drain_request({"budget_seconds": "20", "code": "k"}))
     assert response.status_code == 200
     assert response.mimetype == "application/json"
     summary = json.loads(response.get_body())
@@ -134,7 +121,7 @@ async def test_http_drain_accepts_the_budget_in_a_json_body(
     db: Any, receiver: Receiver, app_env: None
 ) -> None:
     await seed(db)
-    response = await function_app.outbox_drain(drain_request(body=b'{"budgetSeconds": 5}'))
+    response = await function_app.outbox_drain(drain_request(body=b'{"budget_seconds": 5}'))
     assert response.status_code == 200
     assert json.loads(response.get_body())["processed"] == 1
 
@@ -142,22 +129,22 @@ async def test_http_drain_accepts_the_budget_in_a_json_body(
 @pytest.mark.parametrize(
     ("params", "body", "error"),
     [
-        ({"budgetSeconds": "soon"}, b"", "budgetSeconds must be a number of seconds"),
-        ({"budgetSeconds": "0"}, b"", "budgetSeconds must be greater than 0 and at most 120"),
-        ({"budgetSeconds": "-3"}, b"", "budgetSeconds must be greater than 0 and at most 120"),
-        ({"budgetSeconds": "121"}, b"", "budgetSeconds must be greater than 0 and at most 120"),
-        ({"budgetSeconds": "nan"}, b"", "budgetSeconds must be greater than 0 and at most 120"),
-        ({"budgetSeconds": "inf"}, b"", "budgetSeconds must be greater than 0 and at most 120"),
+        ({"budget_seconds": "soon"}, b"", "budget_seconds must be a number of seconds"),
+        ({"budget_seconds": "0"}, b"", "budget_seconds must be greater than 0 and at most 120"),
+        ({"budget_seconds": "-3"}, b"", "budget_seconds must be greater than 0 and at most 120"),
+        ({"budget_seconds": "121"}, b"", "budget_seconds must be greater than 0 and at most 120"),
+        ({"budget_seconds": "nan"}, b"", "budget_seconds must be greater than 0 and at most 120"),
+        ({"budget_seconds": "inf"}, b"", "budget_seconds must be greater than 0 and at most 120"),
         ({"batch": "5"}, b"", "unknown parameter(s): batch"),
         ({}, b"{not json", "the request body must be empty or a JSON object"),
         ({}, b"[1]", "the request body must be empty or a JSON object"),
-        ({}, b'{"budgetSeconds": true}', "budgetSeconds must be a number of seconds"),
-        ({}, b'{"budgetSeconds": "x"}', "budgetSeconds must be a number of seconds"),
+        ({}, b'{"budget_seconds": true}', "budget_seconds must be a number of seconds"),
+        ({}, b'{"budget_seconds": "x"}', "budget_seconds must be a number of seconds"),
         ({}, b'{"limit": 3}', "unknown field(s) in the body: limit"),
         (
-            {"budgetSeconds": "5"},
-            b'{"budgetSeconds": 5}',
-            "give budgetSeconds in the query or in the body, not both",
+            {"budget_seconds": "5"},
+            b'{"budget_seconds": 5}',
+            "give budget_seconds in the query or in the body, not both",
         ),
     ],
 )

@@ -9,7 +9,6 @@ from typing import Any
 
 import asyncpg
 import pytest
-from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.queue.aio import QueueClient
 from pydantic import BaseModel
 
@@ -18,6 +17,7 @@ from outbox.errors import DuplicateMessageError, InvalidMessageError, Transactio
 from outbox.settings import QueueSettings
 from outbox.wakeup import WakeUpQueue
 from tests.support.azure import connection_string, free_port
+from tests.support.outbox_helpers import peek_hints
 
 
 class OrderCompleted(BaseModel):
@@ -117,16 +117,6 @@ async def test_notify_without_any_queue_configured_only_warns(
     with caplog.at_level(logging.WARNING):
         assert await outbox.notify() is False
     assert "no wake-up queue configured" in caplog.text
-
-
-async def peek_hints(queue_settings: QueueSettings) -> list[dict[str, Any]]:
-    """The hints waiting on the queue, decoded the way the queue trigger decodes them."""
-    async with WakeUpQueue.from_settings(queue_settings) as queue:
-        try:
-            messages = await queue.client.peek_messages(max_messages=32)
-        except ResourceNotFoundError:
-            return []
-    return [json.loads(m.content) for m in messages]
 
 
 async def test_notify_sends_one_base64_json_hint_without_business_data(

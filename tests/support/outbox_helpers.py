@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
+
+from azure.core.exceptions import ResourceNotFoundError
 
 import outbox
 from outbox.runtime import Relay
-from outbox.settings import Settings
+from outbox.settings import QueueSettings, Settings
+from outbox.wakeup import WakeUpQueue
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 async def seed(
@@ -54,3 +64,29 @@ async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15) 
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.02)
+
+
+async def peek_hints(queue_settings: QueueSettings) -> list[dict[str, Any]]:
+    """The hints waiting on the queue, decoded the way the queue trigger decodes them."""
+    async with WakeUpQueue.from_settings(queue_settings) as queue:
+        try:
+            messages = await queue.client.peek_messages(max_messages=32)
+        except ResourceNotFoundError:
+            return []
+    return [json.loads(m.content) for m in messages]
+
+
+async def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    def run() -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "outbox", *args],
+            cwd=ROOT,
+            env={"PATH": os.environ["PATH"], **env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    # Off the event loop: the receiver in this process must keep answering meanwhile.
+    return await asyncio.to_thread(run)
