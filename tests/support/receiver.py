@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections import defaultdict, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,8 @@ class Receiver:
         self._scripts: dict[str, deque[Reply]] = defaultdict(deque)
         self._defaults: dict[str, Reply] = {}
         self._runner: web.AppRunner | None = None
+        # Decides the answer from the request itself, when set (scripts still come first).
+        self.responder: Callable[[Received], Reply] | None = None
         self.port = 0
 
     async def start(self) -> Receiver:
@@ -101,7 +104,12 @@ class Receiver:
             )
         )
         script = self._scripts[request.path]
-        reply = script.popleft() if script else self._defaults.get(request.path, Reply())
+        if script:
+            reply = script.popleft()
+        elif self.responder is not None:
+            reply = self.responder(self.requests[-1])
+        else:
+            reply = self._defaults.get(request.path, Reply())
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         try:
