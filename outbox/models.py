@@ -56,6 +56,7 @@ class TransportError:
     """No usable HTTP answer: refused, reset, timed out, or not HTTP at all."""
 
     description: str
+    error_class: str = "TransportError"  # the exception's class name, for the attempt history
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +77,15 @@ DeliveryResult = Response | TransportError | Undeliverable | NotAttempted
 
 
 @dataclass(frozen=True, slots=True)
+class Attempt:
+    """One delivery attempt as the worker saw it: the result and when it ran (worker clock)."""
+
+    result: DeliveryResult
+    started_at: datetime
+    duration_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Outcome:
     """What to write back for one message."""
 
@@ -83,6 +93,15 @@ class Outcome:
     delay_seconds: float = 0.0  # Pending only: due again this long after the database's now()
     error: str | None = None
     not_attempted: bool = False  # released without a delivery: the attempt is not counted
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """What ``record_outcomes`` writes for one leased message."""
+
+    message: LeasedMessage
+    outcome: Outcome
+    attempt: Attempt
 
 
 @dataclass(slots=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 
 from outbox.backoff import parse_retry_after, retry_delay
@@ -26,6 +27,7 @@ from outbox.models import (
 )
 
 MAX_ERROR_CHARS = 500
+MAX_SNIPPET_CHARS = 512
 RETRYABLE_STATUSES = frozenset({408, 429})
 
 
@@ -39,7 +41,7 @@ def classify(
 ) -> Outcome:
     """The outcome of the ``attempt``-th delivery of a message (pure: no I/O, no clock)."""
     match result:
-        case NotAttempted(reason=reason):
+        case NotAttempted():
             return Outcome(Status.PENDING, 0.0, None, not_attempted=True)
         case Undeliverable(reason=reason):
             return Outcome(Status.FAILED, error=bounded(reason))
@@ -68,6 +70,27 @@ def _retry(
     if attempt >= max_attempts:
         return Outcome(Status.FAILED, error=bounded(f"gave up after {attempt} attempts: {error}"))
     return Outcome(Status.PENDING, retry_delay(attempt, retry_after, rand=rand), bounded(error))
+
+
+@dataclass(frozen=True, slots=True)
+class AttemptFacts:
+    """What the attempt history keeps besides the outcome: an HTTP status or an error class."""
+
+    http_status: int | None = None
+    error_class: str | None = None
+    response_snippet: str | None = None
+
+
+def attempt_facts(result: DeliveryResult) -> AttemptFacts:
+    """The history columns for a delivery result (pure)."""
+    match result:
+        case Response(status=status, snippet=snippet):
+            return AttemptFacts(status, None, snippet[:MAX_SNIPPET_CHARS] or None)
+        case TransportError(error_class=error_class):
+            return AttemptFacts(None, error_class)
+        case Undeliverable():
+            return AttemptFacts(None, "Undeliverable")
+    return AttemptFacts(None, "NotAttempted")
 
 
 def describe_response(status: int, snippet: str) -> str:

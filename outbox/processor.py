@@ -14,16 +14,21 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine
 from datetime import UTC, datetime
 from typing import Any, TypeVar
+from uuid import UUID
 
 import asyncpg
 
 from outbox import store
+from outbox.logs import log_event
 from outbox.models import (
+    Attempt,
     DeliveryResult,
     DrainSummary,
     LeasedMessage,
     NotAttempted,
-    Outcome,
+    Recorded,
+    Response,
+    Status,
     TransportError,
 )
 from outbox.outcomes import classify
@@ -31,6 +36,13 @@ from outbox.redact import Redactor
 from outbox.settings import Settings
 
 logger = logging.getLogger(__name__)
+batch_logger = logging.getLogger("outbox.batch")
+delivery_logger = logging.getLogger("outbox.delivery")
+_OUTCOME_LEVELS = {
+    Status.PROCESSED: logging.DEBUG,
+    Status.PENDING: logging.WARNING,
+    Status.FAILED: logging.ERROR,
+}
 
 T = TypeVar("T")
 
@@ -113,7 +125,10 @@ class OutboxProcessor:
                 continue
             lease_deadline = time.monotonic() + self._settings.lease_seconds
             batch = await store.lease_batch(
-                self._pool, self._settings.batch_size, self._settings.lease_seconds
+                self._pool,
+                self._settings.batch_size,
+                self._settings.lease_seconds,
+                hold_on_failure=self._settings.ordering_on_failure == "hold",
             )
             if not batch and not batches:
                 return
@@ -131,68 +146,129 @@ class OutboxProcessor:
     async def _run_batch(
         self, batch: list[LeasedMessage], lease_deadline: float, summary: DrainSummary
     ) -> None:
-        deliveries = [asyncio.create_task(self._attempt(m, lease_deadline)) for m in batch]
+        started: dict[UUID, tuple[datetime, float]] = {}
+        deliveries = [asyncio.create_task(self._attempt(m, lease_deadline, started)) for m in batch]
         try:
             await asyncio.wait(deliveries)
         finally:
             # Also on cancellation: whatever finished is recorded, whatever did not is retried.
             now = datetime.now(UTC)
-            outcomes = [
-                (message, self._classify(message, task, now))
+            records = [
+                self._outcome(message, task, started.get(message.message_id), now)
                 for message, task in zip(batch, deliveries, strict=True)
             ]
-            await shielded(self._record(outcomes, summary))
+            await shielded(self._record(records, summary))
 
-    async def _attempt(self, message: LeasedMessage, lease_deadline: float) -> DeliveryResult:
+    async def _attempt(
+        self,
+        message: LeasedMessage,
+        lease_deadline: float,
+        started: dict[UUID, tuple[datetime, float]],
+    ) -> Attempt:
         async with self._slots:
+            now = datetime.now(UTC)
             if self._stopping:
-                return NotAttempted("relay stopping")
+                return Attempt(NotAttempted("relay stopping"), now, 0)
             remaining = lease_deadline - time.monotonic()
             if remaining < self._settings.http_timeout_seconds + LEASE_SAFETY_SECONDS:
-                return NotAttempted("lease too short to finish a delivery")
-            return await self._deliver(message)
+                return Attempt(NotAttempted("lease too short to finish a delivery"), now, 0)
+            started[message.message_id] = (now, time.monotonic())
+            result = await self._deliver(message)
+            elapsed = time.monotonic() - started[message.message_id][1]
+            return Attempt(result, now, round(elapsed * 1000))
 
-    def _classify(
-        self, message: LeasedMessage, task: asyncio.Task[DeliveryResult], now: datetime
-    ) -> Outcome:
-        if not task.done() or task.cancelled():
-            task.cancel()
-            # The request may have reached the receiver: count the attempt and retry later.
-            result: DeliveryResult = TransportError("delivery interrupted before it completed")
-        elif task.exception() is not None:
-            exc = task.exception()
-            result = TransportError(self._redact(f"unexpected {type(exc).__name__}: {exc}"))
+    def _outcome(
+        self,
+        message: LeasedMessage,
+        task: asyncio.Task[Attempt],
+        started: tuple[datetime, float] | None,
+        now: datetime,
+    ) -> Recorded:
+        if task.done() and not task.cancelled() and task.exception() is None:
+            attempt = task.result()
         else:
-            result = task.result()
-        return classify(
-            result, attempt=message.attempt, max_attempts=self._settings.max_attempts, now=now
+            task.cancel()
+            attempt = self._broken_attempt(task, started, now)
+        outcome = classify(
+            attempt.result,
+            attempt=message.attempt,
+            max_attempts=self._settings.max_attempts,
+            now=now,
         )
+        return Recorded(message, outcome, attempt)
 
-    async def _record(
-        self, outcomes: list[tuple[LeasedMessage, Outcome]], summary: DrainSummary
-    ) -> None:
+    def _broken_attempt(
+        self, task: asyncio.Task[Attempt], started: tuple[datetime, float] | None, now: datetime
+    ) -> Attempt:
+        """An attempt that did not return: interrupted, or failed in an unexpected way."""
+        if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
+            name = type(exc).__name__
+            result = TransportError(self._redact(f"unexpected {name}: {exc}"), name)
+        else:
+            # The request may have reached the receiver: count the attempt and retry later.
+            result = TransportError("delivery interrupted before it completed", "Interrupted")
+        if started is None:
+            return Attempt(result, now, 0)
+        return Attempt(result, started[0], round((time.monotonic() - started[1]) * 1000))
+
+    async def _record(self, records: list[Recorded], summary: DrainSummary) -> None:
         try:
-            written = await retry_database(lambda: store.record_outcomes(self._pool, outcomes))
+            written = await retry_database(lambda: store.record_outcomes(self._pool, records))
         except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
             # The rows stay Processing; once their lease expires they are delivered again.
-            summary.unrecorded += len(outcomes)
+            summary.unrecorded += len(records)
             self._report_database_error(summary, exc)
             return
-        for message, outcome in outcomes:
-            if message.message_id in written:
-                summary.count(outcome)
-            else:
-                summary.stale += 1
-                logger.warning(
-                    "outcome for outbox message %s dropped: its lease expired and another worker "
-                    "holds it now",
-                    message.message_id,
-                )
+        batch = DrainSummary(leased=len(records))
+        for record in records:
+            applied = record.message.message_id in written
+            log_outcome(record, applied=applied)
+            for counts in (summary, batch):
+                if applied:
+                    counts.count(record.outcome)
+                else:
+                    counts.stale += 1
+        log_event(
+            batch_logger,
+            logging.INFO,
+            "outbox.batch",
+            leased=batch.leased,
+            processed=batch.processed,
+            retried=batch.retried,
+            failed=batch.failed,
+            released=batch.released,
+            stale=batch.stale,
+        )
 
     def _report_database_error(self, summary: DrainSummary, exc: BaseException) -> None:
         summary.stopped_by = "error"
         summary.error = self._redact(f"database error: {type(exc).__name__}: {exc}")
         logger.error("outbox drain: %s", summary.error)
+
+
+def log_outcome(record: Recorded, *, applied: bool) -> None:
+    """One line per outcome: DEBUG when delivered, WARNING when retried, ERROR when failed."""
+    outcome, attempt = record.outcome, record.attempt
+    if not applied:
+        level, label = logging.WARNING, "Stale"
+    elif outcome.not_attempted:
+        level, label = logging.INFO, "Released"
+    else:
+        level, label = _OUTCOME_LEVELS[outcome.status], str(outcome.status)
+    result = attempt.result
+    log_event(
+        delivery_logger,
+        level,
+        "outbox.delivery",
+        message_id=record.message.message_id,
+        event_type=record.message.event_type,
+        attempt=record.message.attempt,
+        outcome=label,
+        http_status=result.status if isinstance(result, Response) else None,
+        duration_ms=attempt.duration_ms,
+        retry_in_s=round(outcome.delay_seconds, 1) if label == "Pending" else None,
+        error=outcome.error,
+    )
 
 
 async def retry_database(operation: Callable[[], Awaitable[T]]) -> T:

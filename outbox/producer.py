@@ -35,6 +35,7 @@ from outbox.wakeup import WakeUpQueue
 
 Payload = Mapping[str, Any] | BaseModel
 MAX_EVENT_TYPE_CHARS = 200
+MAX_KEY_CHARS = 200
 
 
 async def enqueue(
@@ -43,6 +44,7 @@ async def enqueue(
     payload: Payload,
     *,
     message_id: uuid.UUID | None = None,
+    ordering_key: str | None = None,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> uuid.UUID:
     """Insert a Pending outbox row on ``conn``, inside the transaction the caller has open.
@@ -50,8 +52,13 @@ async def enqueue(
     The payload (a dict or a pydantic model) is checked and serialised before anything is written,
     so a bad payload raises InvalidMessageError and leaves the caller's transaction usable.
     Returns the message id, which receivers see as ``webhook-id`` and use to drop duplicates.
+
+    Messages with the same ``ordering_key`` (e.g. ``"order-42"``) are delivered one at a time in
+    enqueue order: one is not sent while an earlier one with the key is still waiting or retrying.
+    Messages without a key are delivered in parallel.
     """
     check_event_type(event_type)
+    check_ordering_key(ordering_key)
     body = serialise_payload(payload, max_payload_bytes)
     if not _in_transaction(conn):
         raise TransactionRequiredError(
@@ -59,7 +66,7 @@ async def enqueue(
             "(async with conn.transaction(): ...), or the event would not be atomic with them"
         )
     message_id = message_id or uuid.uuid4()
-    if not await store.insert_message(conn, message_id, event_type, body):
+    if not await store.insert_message(conn, message_id, event_type, body, ordering_key):
         raise DuplicateMessageError(f"outbox message {message_id} already exists")
     return message_id
 
@@ -90,13 +97,19 @@ class OutboxTransaction:
         self.message_ids: list[uuid.UUID] = []
 
     async def enqueue(
-        self, event_type: str, payload: Payload, *, message_id: uuid.UUID | None = None
+        self,
+        event_type: str,
+        payload: Payload,
+        *,
+        message_id: uuid.UUID | None = None,
+        ordering_key: str | None = None,
     ) -> uuid.UUID:
         message_id = await enqueue(
             self._conn,
             event_type,
             payload,
             message_id=message_id,
+            ordering_key=ordering_key,
             max_payload_bytes=self._max_payload_bytes,
         )
         self.message_ids.append(message_id)
@@ -125,6 +138,15 @@ def check_event_type(event_type: object) -> None:
         raise InvalidMessageError(
             f"event_type must be at most {MAX_EVENT_TYPE_CHARS} characters, without surrounding "
             "spaces"
+        )
+
+
+def check_ordering_key(ordering_key: object) -> None:
+    if ordering_key is None:
+        return
+    if not isinstance(ordering_key, str) or not ordering_key or len(ordering_key) > MAX_KEY_CHARS:
+        raise InvalidMessageError(
+            f"ordering_key must be a non-empty string of at most {MAX_KEY_CHARS} characters"
         )
 
 

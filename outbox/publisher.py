@@ -108,9 +108,10 @@ class Publisher:
         try:
             return await self._post(endpoint.url, body, headers)
         except TimeoutError:
-            return TransportError(f"timed out after {self._timeout.total:g}s")
+            return TransportError(f"timed out after {self._timeout.total:g}s", "TimeoutError")
         except (aiohttp.ClientError, OSError, ValueError) as exc:
-            return TransportError(self._redact(f"{type(exc).__name__}: {exc}"))
+            name = type(exc).__name__
+            return TransportError(self._redact(f"{name}: {exc}"), name)
 
     async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> Response:
         async with self._session.post(

@@ -13,7 +13,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -156,6 +156,11 @@ class Settings(QueueSettings):
     run_budget_seconds: float = Field(default=240.0, gt=0, le=3600)
     max_payload_bytes: int = Field(default=DEFAULT_MAX_PAYLOAD_BYTES, ge=1024, le=64 * 1_048_576)
     db_pool_size: int = Field(default=4, ge=2, le=100)
+    ordering_on_failure: Literal["hold", "release"] = "hold"
+    alert_oldest_pending_seconds: float = Field(default=900.0, gt=0)
+    retention_days: int = Field(default=7, ge=1, le=3650)
+    failed_retention_days: int | None = Field(default=None, ge=1, le=3650)
+    purge_batch_size: int = Field(default=1000, ge=1, le=100_000)
 
     @field_validator("database_url")
     @classmethod

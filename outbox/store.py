@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Sequence
+from datetime import datetime
 from importlib.resources import files
 from typing import Any
 from uuid import UUID
 
-from outbox.models import LeasedMessage, Outcome
+from outbox.models import LeasedMessage, Recorded
+from outbox.outcomes import attempt_facts
 
 # asyncpg ships no type information; a connection or a pool both offer fetch/execute.
 Connection = Any
@@ -25,33 +28,93 @@ def load_queries(text: str) -> dict[str, str]:
 QUERIES = load_queries(files("outbox").joinpath("sql/queries.sql").read_text(encoding="utf-8"))
 
 
-async def insert_message(conn: Connection, message_id: UUID, event_type: str, payload: str) -> bool:
+async def insert_message(
+    conn: Connection,
+    message_id: UUID,
+    event_type: str,
+    payload: str,
+    ordering_key: str | None = None,
+) -> bool:
     """Insert a Pending row; False if a row with this id already exists."""
-    inserted = await conn.fetchval(QUERIES["insert_message"], message_id, event_type, payload)
+    inserted = await conn.fetchval(
+        QUERIES["insert_message"], message_id, event_type, payload, ordering_key
+    )
     return inserted is not None
 
 
 async def lease_batch(
-    conn: Connection, batch_size: int, lease_seconds: float
+    conn: Connection, batch_size: int, lease_seconds: float, *, hold_on_failure: bool = True
 ) -> list[LeasedMessage]:
     """Claim up to ``batch_size`` due rows for ``lease_seconds``."""
-    rows = await conn.fetch(QUERIES["lease_batch"], batch_size, lease_seconds)
+    rows = await conn.fetch(QUERIES["lease_batch"], batch_size, lease_seconds, hold_on_failure)
     return [LeasedMessage.from_row(row) for row in rows]
 
 
-async def record_outcomes(
-    conn: Connection, outcomes: Sequence[tuple[LeasedMessage, Outcome]]
-) -> set[UUID]:
-    """Write every outcome of a batch in one statement; returns the ids still held by our lease."""
-    if not outcomes:
+async def record_outcomes(conn: Connection, records: Sequence[Recorded]) -> set[UUID]:
+    """Write a batch's outcomes and attempt history in one statement.
+
+    Returns the ids whose outcome was applied (still held by our lease).
+    """
+    if not records:
         return set()
     rows = await conn.fetch(
-        QUERIES["record_outcomes"],
-        [message.message_id for message, _ in outcomes],
-        [message.lease_token for message, _ in outcomes],
-        [str(outcome.status) for _, outcome in outcomes],
-        [outcome.delay_seconds for _, outcome in outcomes],
-        [outcome.error for _, outcome in outcomes],
-        [outcome.not_attempted for _, outcome in outcomes],
+        QUERIES["record_outcomes"], json.dumps([_record_fields(r) for r in records])
     )
     return {row["outbox_message_id"] for row in rows}
+
+
+def _record_fields(record: Recorded) -> dict[str, Any]:
+    """One element of record_outcomes' JSON parameter: named fields, not positions."""
+    outcome, attempt = record.outcome, record.attempt
+    facts = attempt_facts(attempt.result)
+    return {
+        "outbox_message_id": str(record.message.message_id),
+        "lease_token": str(record.message.lease_token),
+        "status": str(outcome.status),
+        "delay_seconds": outcome.delay_seconds,
+        "last_error": outcome.error,
+        "not_attempted": outcome.not_attempted,
+        "attempt_number": record.message.attempt,
+        "started_at": attempt.started_at.isoformat(),
+        "duration_ms": attempt.duration_ms,
+        "http_status": facts.http_status,
+        "error_class": facts.error_class,
+        "response_snippet": facts.response_snippet,
+    }
+
+
+async def backlog_status(conn: Connection) -> dict[str, Any]:
+    """Counts by status, the oldest due / unpublished / failed ages, and expired leases."""
+    return dict(await conn.fetchrow(QUERIES["backlog_status"]))
+
+
+async def requeue_failed(
+    conn: Connection,
+    message_ids: Sequence[UUID] | None,
+    event_type: str | None,
+    created_from: datetime | None,
+    created_to: datetime | None,
+    *,
+    dry_run: bool,
+) -> list[UUID]:
+    """Failed rows matching every given filter, set back to Pending unless ``dry_run``."""
+    query = QUERIES["count_failed" if dry_run else "requeue_failed"]
+    ids = list(message_ids) if message_ids is not None else None
+    rows = await conn.fetch(query, ids, event_type, created_from, created_to)
+    return [row["outbox_message_id"] for row in rows]
+
+
+async def purge_batch(conn: Connection, status: str, older_than_days: int, limit: int) -> int:
+    """Delete one bounded batch of old Processed or Failed rows; returns how many went."""
+    query = QUERIES["purge_processed" if status == "Processed" else "purge_failed"]
+    result: str = await conn.execute(query, older_than_days, limit)
+    return int(result.split()[-1])
+
+
+async def fetch_message(conn: Connection, message_id: UUID) -> dict[str, Any] | None:
+    row = await conn.fetchrow(QUERIES["show_message"], message_id)
+    return dict(row) if row is not None else None
+
+
+async def fetch_attempts(conn: Connection, message_id: UUID) -> list[dict[str, Any]]:
+    return [dict(row) for row in await conn.fetch(QUERIES["show_attempts"], message_id)]

@@ -2,24 +2,36 @@
 -- Values are always bound parameters.
 
 -- insert_message --
--- Add a Pending row, due now, inside the caller's transaction; returns nothing when the id exists
-INSERT INTO outbox_messages (outbox_message_id, event_type, payload, status, next_attempt_at)
-VALUES ($1, $2, $3::jsonb, 'Pending', now())
+-- Add a Pending row, due now, inside the caller's transaction; returns nothing when the id exists.
+-- $4 is the optional ordering key: keyed rows also take their place in the ordering sequence.
+INSERT INTO outbox_messages
+    (outbox_message_id, event_type, payload, status, next_attempt_at, ordering_key, ordering_seq)
+VALUES ($1, $2, $3::jsonb, 'Pending', now(), $4::text,
+        CASE WHEN $4::text IS NOT NULL THEN nextval('outbox_messages_ordering_seq') END)
 ON CONFLICT (outbox_message_id) DO NOTHING
 RETURNING outbox_message_id;
 
 -- lease_batch --
--- Claim due Pending rows and rows whose lease expired; $1 = batch size, $2 = lease seconds.
+-- Claim due Pending rows and rows whose lease expired; $1 = batch size, $2 = lease seconds,
+-- $3 = whether a Failed message holds back later messages with its ordering key.
 -- While a row is Processing its next_attempt_at equals lease_expires_at, so the partial index
 -- (next_attempt_at, created_at) serves both halves of the seed's condition in one ordered scan.
+-- A keyed row is due only when no earlier row with its key is still waiting (ordering index).
 WITH due AS (
-    SELECT outbox_message_id
-    FROM outbox_messages
-    WHERE status IN ('Pending', 'Processing')
-      AND next_attempt_at <= now()
-      AND (status = 'Pending' OR lease_expires_at <= now())
-    ORDER BY next_attempt_at, created_at
-    FOR UPDATE SKIP LOCKED
+    SELECT m.outbox_message_id
+    FROM outbox_messages AS m
+    WHERE m.status IN ('Pending', 'Processing')
+      AND m.next_attempt_at <= now()
+      AND (m.status = 'Pending' OR m.lease_expires_at <= now())
+      AND (m.ordering_key IS NULL OR NOT EXISTS (
+            SELECT 1
+            FROM outbox_messages AS earlier
+            WHERE earlier.ordering_key = m.ordering_key
+              AND earlier.ordering_seq < m.ordering_seq
+              AND earlier.status <> 'Processed'
+              AND (earlier.status <> 'Failed' OR $3::bool)))
+    ORDER BY m.next_attempt_at, m.created_at
+    FOR UPDATE OF m SKIP LOCKED
     LIMIT $1
 )
 UPDATE outbox_messages AS m
@@ -35,24 +47,133 @@ RETURNING m.outbox_message_id, m.event_type, m.payload::text AS payload, m.attem
           m.lease_token, m.created_at;
 
 -- record_outcomes --
--- Write a whole batch of outcomes in one statement, fenced by the lease token:
--- a worker whose lease expired and was re-leased cannot overwrite the newer outcome.
--- $1 ids, $2 lease tokens, $3 statuses, $4 retry delays in seconds, $5 errors, $6 "not attempted" flags.
-UPDATE outbox_messages AS m
-SET status = o.status,
-    attempt_count = m.attempt_count - CASE WHEN o.not_attempted THEN 1 ELSE 0 END,
-    next_attempt_at = CASE WHEN o.status = 'Pending'
-                           THEN now() + make_interval(secs => o.delay_seconds)
-                           ELSE m.next_attempt_at END,
-    processed_at = CASE WHEN o.status = 'Processed' THEN now() END,
+-- Write a whole batch of outcomes and their attempt history in one statement. $1 is a JSON array
+-- of records with named fields (see store.record_outcomes). Fenced by the lease token: a worker
+-- whose lease expired and was re-leased cannot overwrite the newer outcome; its attempt is still
+-- kept in the history, with applied = false. Rows released without an attempt get no history.
+WITH o AS (
+    SELECT *
+    FROM json_to_recordset($1::json) AS o(
+        outbox_message_id uuid, lease_token uuid, status text, delay_seconds float8,
+        last_error text, not_attempted bool, attempt_number int, started_at timestamptz,
+        duration_ms int, http_status int, error_class text, response_snippet text)
+),
+updated AS (
+    UPDATE outbox_messages AS m
+    SET status = o.status,
+        attempt_count = m.attempt_count - CASE WHEN o.not_attempted THEN 1 ELSE 0 END,
+        next_attempt_at = CASE WHEN o.status = 'Pending'
+                               THEN now() + make_interval(secs => o.delay_seconds)
+                               ELSE m.next_attempt_at END,
+        processed_at = CASE WHEN o.status = 'Processed' THEN now() END,
+        lease_expires_at = NULL,
+        last_error = CASE WHEN o.not_attempted THEN m.last_error ELSE o.last_error END
+    FROM o
+    WHERE m.outbox_message_id = o.outbox_message_id
+      AND m.status = 'Processing'
+      AND m.lease_token = o.lease_token
+    RETURNING m.outbox_message_id
+),
+history AS (
+    INSERT INTO outbox_attempts
+        (outbox_message_id, attempt_number, lease_token, started_at, finished_at, duration_ms,
+         outcome, applied, http_status, error_class, error, response_snippet)
+    SELECT o.outbox_message_id, o.attempt_number, o.lease_token, o.started_at,
+           o.started_at + make_interval(secs => o.duration_ms / 1000.0), o.duration_ms,
+           o.status, updated.outbox_message_id IS NOT NULL, o.http_status, o.error_class,
+           o.last_error, o.response_snippet
+    FROM o
+    LEFT JOIN updated ON updated.outbox_message_id = o.outbox_message_id
+    WHERE NOT o.not_attempted
+)
+SELECT outbox_message_id FROM updated;
+
+-- backlog_status --
+-- Health of the backlog: counts by status and the ages an on-call engineer alerts on
+SELECT
+    (SELECT count(*) FROM outbox_messages WHERE status = 'Pending') AS pending,
+    (SELECT count(*) FROM outbox_messages WHERE status = 'Processing') AS processing,
+    (SELECT count(*) FROM outbox_messages WHERE status = 'Processed') AS processed,
+    (SELECT count(*) FROM outbox_messages WHERE status = 'Failed') AS failed,
+    (SELECT extract(epoch FROM now() - min(created_at))::float8
+       FROM outbox_messages
+      WHERE status = 'Pending' AND next_attempt_at <= now()) AS oldest_due_pending_age_seconds,
+    (SELECT extract(epoch FROM now() - min(created_at))::float8
+       FROM outbox_messages
+      WHERE status IN ('Pending', 'Processing')) AS oldest_unpublished_age_seconds,
+    (SELECT extract(epoch FROM now() - min(created_at))::float8
+       FROM outbox_messages
+      WHERE status = 'Failed') AS oldest_failed_age_seconds,
+    (SELECT count(*)
+       FROM outbox_messages
+      WHERE status = 'Processing' AND lease_expires_at <= now()) AS expired_leases;
+
+-- requeue_failed --
+-- Put Failed rows back to Pending, due now, with a fresh attempt budget; history is kept.
+-- Each filter applies when it is not NULL: $1 ids, $2 event type, $3/$4 created_at range [from, to).
+UPDATE outbox_messages
+SET status = 'Pending',
+    next_attempt_at = now(),
+    attempt_count = 0,
     lease_expires_at = NULL,
-    last_error = CASE WHEN o.not_attempted THEN m.last_error ELSE o.last_error END
-FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[], $6::bool[])
-     AS o(outbox_message_id, lease_token, status, delay_seconds, last_error, not_attempted)
-WHERE m.outbox_message_id = o.outbox_message_id
-  AND m.status = 'Processing'
-  AND m.lease_token = o.lease_token
-RETURNING m.outbox_message_id;
+    processed_at = NULL
+WHERE status = 'Failed'
+  AND ($1::uuid[] IS NULL OR outbox_message_id = ANY ($1::uuid[]))
+  AND ($2::text IS NULL OR event_type = $2::text)
+  AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)
+  AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
+RETURNING outbox_message_id;
+
+-- count_failed --
+-- What requeue_failed would touch, without touching it (the dry run); same parameters
+SELECT outbox_message_id
+FROM outbox_messages
+WHERE status = 'Failed'
+  AND ($1::uuid[] IS NULL OR outbox_message_id = ANY ($1::uuid[]))
+  AND ($2::text IS NULL OR event_type = $2::text)
+  AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)
+  AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz);
+
+-- purge_processed --
+-- Delete one bounded batch of Processed rows finished more than $1 days ago ($2 rows at most);
+-- SKIP LOCKED and short transactions: it never waits for, or blocks, the relay
+WITH doomed AS (
+    SELECT outbox_message_id
+    FROM outbox_messages
+    WHERE status = 'Processed' AND processed_at < now() - make_interval(days => $1)
+    ORDER BY processed_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM outbox_messages AS m
+USING doomed
+WHERE m.outbox_message_id = doomed.outbox_message_id;
+
+-- purge_failed --
+-- Delete one bounded batch of Failed rows created more than $1 days ago ($2 rows at most)
+WITH doomed AS (
+    SELECT outbox_message_id
+    FROM outbox_messages
+    WHERE status = 'Failed' AND created_at < now() - make_interval(days => $1)
+    ORDER BY created_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM outbox_messages AS m
+USING doomed
+WHERE m.outbox_message_id = doomed.outbox_message_id;
+
+-- show_message --
+-- One message, every column
+SELECT * FROM outbox_messages WHERE outbox_message_id = $1;
+
+-- show_attempts --
+-- A message's delivery attempts, oldest first
+SELECT attempt_number, lease_token, started_at, finished_at, duration_ms, outcome, applied,
+       http_status, error_class, error, response_snippet
+FROM outbox_attempts
+WHERE outbox_message_id = $1
+ORDER BY attempt_id;
 
 -- create_migrations_table --
 -- Bookkeeping for `python -m outbox migrate`: one row per applied migration file
