@@ -1,4 +1,8 @@
-"""``python -m outbox``: the relay's command line (thin: each command calls the package)."""
+"""``python -m outbox``: the relay's command line (thin: each command calls the package).
+
+Every command prints one JSON object on stdout. Exit status: 0 ok, 1 failed (or, for ``status``,
+unhealthy), 2 bad settings or arguments.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +11,14 @@ import asyncio
 import json
 import logging
 import sys
-from collections.abc import Sequence
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import Any
 
 import asyncpg
 
+from outbox import operations
 from outbox.errors import InvalidMessageError, OutboxError
 from outbox.migrate import migrate
 from outbox.processor import DATABASE_ERRORS
@@ -29,61 +37,133 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser(
         "migrate", help="apply pending migrations (safe to run twice, or in parallel)"
     )
-    drain = commands.add_parser(
-        "drain", help="deliver every due message once; print a JSON summary"
-    )
+    drain = commands.add_parser("drain", help="deliver every due message once")
     drain.add_argument(
-        "--budget",
-        type=float,
-        metavar="SECONDS",
-        help="stop leasing after this long (default: OUTBOX_RUN_BUDGET_SECONDS)",
+        "--budget", type=float, metavar="SECONDS", help="stop leasing after this long"
     )
-    enqueue = commands.add_parser(
-        "enqueue", help="commit one event to the outbox, then send the wake-up hint"
+    enqueue_cmd = commands.add_parser(
+        "enqueue", help="commit one event, then send the wake-up hint"
     )
-    enqueue.add_argument("event_type", help="e.g. OrderCompleted")
-    enqueue.add_argument("payload", help="a JSON object, e.g. '{\"orderId\": 1}'")
+    enqueue_cmd.add_argument("event_type", help="e.g. OrderCompleted")
+    enqueue_cmd.add_argument("payload", help="a JSON object, e.g. '{\"orderId\": 1}'")
+    enqueue_cmd.add_argument("--ordering-key", help="deliver in order with others of this key")
+    commands.add_parser("status", help="backlog health; exits 1 when unhealthy")
+    requeue = commands.add_parser("requeue", help="set Failed messages back to Pending")
+    requeue.add_argument("--id", dest="ids", action="append", type=uuid.UUID, metavar="UUID")
+    requeue.add_argument("--event-type")
+    requeue.add_argument("--created-from", type=datetime.fromisoformat, metavar="ISO8601")
+    requeue.add_argument("--created-to", type=datetime.fromisoformat, metavar="ISO8601")
+    requeue.add_argument("--all-failed", action="store_true", help="every Failed message")
+    requeue.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    commands.add_parser("purge", help="delete Processed (and old Failed) rows past retention")
+    show = commands.add_parser("show", help="one message with its attempt history")
+    show.add_argument("message_id", type=uuid.UUID)
     return parser
 
 
-async def run_migrate(settings: Settings) -> int:
-    conn = await asyncpg.connect(settings.database_url.get_secret_value())
-    try:
-        applied = await migrate(conn)
-    finally:
-        await conn.close()
-    print(json.dumps({"applied": applied}))
+def emit(data: Any) -> None:
+    print(json.dumps(data, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+async def run_migrate(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    emit({"applied": await migrate(conn)})
     return EXIT_OK
 
 
-async def run_drain(settings: Settings, budget: float | None) -> int:
+async def run_drain(settings: Settings, args: argparse.Namespace) -> int:
     async with await Relay.open(settings) as relay:
-        summary = await relay.processor.execute(budget)
-    print(json.dumps(summary.as_dict()))
+        summary = await relay.processor.execute(args.budget)
+    emit(summary.as_dict())
     return EXIT_FAILED if summary.error else EXIT_OK
 
 
-async def run_enqueue(settings: Settings, event_type: str, payload_text: str) -> int:
+async def run_enqueue(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
     try:
-        payload = json.loads(payload_text)
+        payload = json.loads(args.payload)
     except ValueError as exc:
         raise InvalidMessageError(f"payload is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise InvalidMessageError("payload must be a JSON object")
-    conn = await asyncpg.connect(settings.database_url.get_secret_value())
-    try:
-        async with conn.transaction():
-            message_id = await enqueue(
-                conn, event_type, payload, max_payload_bytes=settings.max_payload_bytes
-            )
-    finally:
-        await conn.close()
+    async with conn.transaction():
+        message_id = await enqueue(
+            conn,
+            args.event_type,
+            payload,
+            ordering_key=args.ordering_key,
+            max_payload_bytes=settings.max_payload_bytes,
+        )
     sent = False
     if settings.has_queue:
         async with WakeUpQueue.from_settings(settings) as queue:
             sent = await queue.notify()
-    print(json.dumps({"messageId": str(message_id), "hintSent": sent}))
+    emit({"message_id": message_id, "hint_sent": sent})
     return EXIT_OK
+
+
+async def run_status(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    status = await operations.backlog_status(conn, settings.alert_oldest_pending_seconds)
+    emit(status.as_dict())
+    return EXIT_OK if status.healthy else EXIT_FAILED
+
+
+async def run_requeue(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    wanted = operations.RequeueFilter(
+        message_ids=tuple(args.ids) if args.ids else None,
+        event_type=args.event_type,
+        created_from=args.created_from,
+        created_to=args.created_to,
+        all_failed=args.all_failed,
+    )
+    emit((await operations.requeue(conn, wanted, dry_run=args.dry_run)).as_dict())
+    return EXIT_OK
+
+
+async def run_purge(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    report = await operations.purge(
+        conn,
+        retention_days=settings.retention_days,
+        failed_retention_days=settings.failed_retention_days,
+        batch_size=settings.purge_batch_size,
+    )
+    emit(report.as_dict())
+    return EXIT_OK
+
+
+async def run_show(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    message = await operations.show(conn, args.message_id)
+    if message is None:
+        raise OutboxError(f"no outbox message {args.message_id}")
+    emit(message)
+    return EXIT_OK
+
+
+ConnectionCommand = Callable[[Any, Settings, argparse.Namespace], Awaitable[int]]
+CONNECTION_COMMANDS: dict[str, ConnectionCommand] = {
+    "migrate": run_migrate,
+    "enqueue": run_enqueue,
+    "status": run_status,
+    "requeue": run_requeue,
+    "purge": run_purge,
+    "show": run_show,
+}
+
+
+async def run(settings: Settings, args: argparse.Namespace) -> int:
+    if args.command == "drain":
+        return await run_drain(settings, args)
+    conn = await asyncpg.connect(settings.database_url.get_secret_value())
+    try:
+        return await CONNECTION_COMMANDS[args.command](conn, settings, args)
+    finally:
+        await conn.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -95,19 +175,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        if args.command == "migrate":
-            return asyncio.run(run_migrate(settings))
-        if args.command == "enqueue":
-            return asyncio.run(run_enqueue(settings, args.event_type, args.payload))
-        return asyncio.run(run_drain(settings, args.budget))
+        return asyncio.run(run(settings, args))
+    except operations.InvalidRequestError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
     except OutboxError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
         redact = Redactor.from_settings(settings)
-        print(f"error: database: {redact(_describe(exc))}", file=sys.stderr)
+        print(f"error: database: {redact(f'{type(exc).__name__}: {exc}')}", file=sys.stderr)
         return EXIT_FAILED
-
-
-def _describe(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {exc}"

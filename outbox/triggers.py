@@ -9,11 +9,17 @@ from __future__ import annotations
 import json
 import logging
 import math
+import uuid
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
+import asyncpg
+
+from outbox import operations
 from outbox.errors import OutboxError
 from outbox.models import DrainSummary
+from outbox.processor import DATABASE_ERRORS
 from outbox.runtime import shared_relay
 
 logger = logging.getLogger("outbox.triggers")
@@ -21,16 +27,18 @@ logger = logging.getLogger("outbox.triggers")
 # HTTP requests on Azure are cut off after 230 s; a drain also needs up to one lease to finish.
 HTTP_DEFAULT_BUDGET_SECONDS = 30.0
 HTTP_MAX_BUDGET_SECONDS = 120.0
-HTTP_PARAMETERS = frozenset({"budgetSeconds", "code"})  # `code` carries the function key
+HTTP_PARAMETERS = frozenset({"budget_seconds", "code"})  # `code` carries the function key
 MAX_LOGGED_HINT_CHARS = 200
+MISCONFIGURED = "the relay is misconfigured; see the function logs"
+DATABASE_DOWN = "database error; see the function logs"
 
 
 class DrainFailedError(OutboxError):
     """A scheduled drain hit a database error (raised so the invocation shows as failed)."""
 
 
-class BadDrainRequestError(OutboxError, ValueError):
-    """The drain endpoint was called with parameters it does not accept."""
+class BadRequestError(OutboxError, ValueError):
+    """An HTTP endpoint was called with parameters it does not accept."""
 
 
 async def drain(trigger: str, budget_seconds: float | None = None) -> DrainSummary:
@@ -70,29 +78,151 @@ async def on_timer(*, past_due: bool) -> DrainSummary:
 
 
 async def on_drain_request(params: Mapping[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
-    """HTTP trigger: ``POST /api/outbox/drain[?budgetSeconds=N]`` → (status, JSON body)."""
+    """HTTP trigger: ``POST /api/outbox/drain[?budget_seconds=N]`` → (status, JSON body)."""
     try:
         budget = parse_budget(params, body)
-    except BadDrainRequestError as exc:
+    except BadRequestError as exc:
         return 400, {"error": str(exc)}
     try:
         summary = await drain("http", budget)
     except OutboxError:
         logger.exception("outbox drain endpoint failed")
-        return 500, {"error": "the relay is misconfigured; see the function logs"}
+        return 500, {"error": MISCONFIGURED}
     result = summary.as_dict()
     if summary.error:
-        result["error"] = "database error; see the function logs"
+        result["error"] = DATABASE_DOWN
         return 503, result
     return 200, result
 
 
+async def on_status_request() -> tuple[int, dict[str, Any]]:
+    """HTTP trigger: ``GET /api/outbox/status`` → 200 when healthy, 503 when not (same JSON)."""
+    try:
+        relay = await shared_relay()
+        status = await operations.backlog_status(
+            relay.pool, relay.settings.alert_oldest_pending_seconds
+        )
+    except OutboxError:
+        logger.exception("outbox status endpoint failed")
+        return 500, {"error": MISCONFIGURED}
+    except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
+        logger.error("outbox status: database error: %s", type(exc).__name__)
+        return 503, {"error": DATABASE_DOWN}
+    return (200 if status.healthy else 503), status.as_dict()
+
+
+async def on_requeue_request(body: bytes) -> tuple[int, dict[str, Any]]:
+    """HTTP trigger: ``POST /api/outbox/requeue`` with a JSON body naming the Failed rows."""
+    try:
+        wanted, dry_run = parse_requeue(body)
+        wanted.check()
+    except (BadRequestError, operations.InvalidRequestError) as exc:
+        return 400, {"error": str(exc)}
+    try:
+        relay = await shared_relay()
+        report = await operations.requeue(relay.pool, wanted, dry_run=dry_run)
+    except OutboxError:
+        logger.exception("outbox requeue endpoint failed")
+        return 500, {"error": MISCONFIGURED}
+    except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
+        logger.error("outbox requeue: database error: %s", type(exc).__name__)
+        return 503, {"error": DATABASE_DOWN}
+    logger.info("outbox requeue: %s", json.dumps(report.as_dict()))
+    return 200, report.as_dict()
+
+
+async def on_purge_timer() -> operations.PurgeReport:
+    """Daily timer: delete rows past retention, in short batches."""
+    relay = await shared_relay()
+    settings = relay.settings
+    report = await operations.purge(
+        relay.pool,
+        retention_days=settings.retention_days,
+        failed_retention_days=settings.failed_retention_days,
+        batch_size=settings.purge_batch_size,
+    )
+    logger.info("outbox purge: %s", json.dumps(report.as_dict()))
+    return report
+
+
+REQUEUE_FIELDS = frozenset(
+    {"message_ids", "event_type", "created_from", "created_to", "all_failed", "dry_run"}
+)
+
+
+def parse_requeue(body: bytes) -> tuple[operations.RequeueFilter, bool]:
+    """The requeue request body: ``{"message_ids": [...], "event_type": …, "created_from": …,
+    "created_to": …, "all_failed": bool, "dry_run": bool}``."""
+    data = _json_object(body)
+    unknown = sorted(set(data) - REQUEUE_FIELDS)
+    if unknown:
+        raise BadRequestError(f"unknown field(s) in the body: {', '.join(unknown)}")
+    try:
+        ids = data.get("message_ids")
+        wanted = operations.RequeueFilter(
+            message_ids=None if ids is None else _uuids(ids),
+            event_type=_optional_str(data.get("event_type"), "event_type"),
+            created_from=_optional_time(data.get("created_from"), "created_from"),
+            created_to=_optional_time(data.get("created_to"), "created_to"),
+            all_failed=_bool(data.get("all_failed", False), "all_failed"),
+        )
+        dry_run = _bool(data.get("dry_run", False), "dry_run")
+    except ValueError as exc:
+        raise BadRequestError(str(exc)) from None
+    return wanted, dry_run
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        return {}
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequestError("the request body must be empty or a JSON object") from None
+    if not isinstance(data, dict):
+        raise BadRequestError("the request body must be empty or a JSON object")
+    return data
+
+
+def _uuids(value: Any) -> tuple[uuid.UUID, ...]:
+    problem = "message_ids must be a non-empty list of message ids (UUIDs)"
+    if not isinstance(value, list) or not value:
+        raise ValueError(problem)
+    try:
+        return tuple(uuid.UUID(str(item)) for item in value)
+    except ValueError:
+        raise ValueError(problem) from None
+
+
+def _optional_str(value: Any, name: str) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(f"{name} must be a non-empty string")
+    return value
+
+
+def _optional_time(value: Any, name: str) -> datetime | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be an ISO 8601 time")
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(f"{name} must be an ISO 8601 time") from None
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false")
+    return value
+
+
 def parse_budget(params: Mapping[str, str], body: bytes) -> float:
-    """The drain budget from ``?budgetSeconds=`` or a JSON body ``{"budgetSeconds": N}``."""
+    """The drain budget from ``?budget_seconds=`` or a JSON body ``{"budget_seconds": N}``."""
     unknown = sorted(set(params) - HTTP_PARAMETERS)
     if unknown:
-        raise BadDrainRequestError(f"unknown parameter(s): {', '.join(unknown)}")
-    value: Any = params.get("budgetSeconds")
+        raise BadRequestError(f"unknown parameter(s): {', '.join(unknown)}")
+    value: Any = params.get("budget_seconds")
     if body.strip():
         value = _budget_from_body(body, value)
     if value is None:
@@ -100,29 +230,24 @@ def parse_budget(params: Mapping[str, str], body: bytes) -> float:
     try:
         budget = float(value)
     except (TypeError, ValueError):
-        raise BadDrainRequestError("budgetSeconds must be a number of seconds") from None
+        raise BadRequestError("budget_seconds must be a number of seconds") from None
     if not math.isfinite(budget) or not 0 < budget <= HTTP_MAX_BUDGET_SECONDS:
-        raise BadDrainRequestError(
-            f"budgetSeconds must be greater than 0 and at most {HTTP_MAX_BUDGET_SECONDS:g}"
+        raise BadRequestError(
+            f"budget_seconds must be greater than 0 and at most {HTTP_MAX_BUDGET_SECONDS:g}"
         )
     return budget
 
 
 def _budget_from_body(body: bytes, from_query: Any) -> Any:
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise BadDrainRequestError("the request body must be empty or a JSON object") from None
-    if not isinstance(data, dict):
-        raise BadDrainRequestError("the request body must be empty or a JSON object")
-    unknown = sorted(set(data) - {"budgetSeconds"})
+    data = _json_object(body)
+    unknown = sorted(set(data) - {"budget_seconds"})
     if unknown:
-        raise BadDrainRequestError(f"unknown field(s) in the body: {', '.join(unknown)}")
-    if "budgetSeconds" in data and from_query is not None:
-        raise BadDrainRequestError("give budgetSeconds in the query or in the body, not both")
-    if isinstance(data.get("budgetSeconds"), bool):
-        raise BadDrainRequestError("budgetSeconds must be a number of seconds")
-    return data.get("budgetSeconds", from_query)
+        raise BadRequestError(f"unknown field(s) in the body: {', '.join(unknown)}")
+    if "budget_seconds" in data and from_query is not None:
+        raise BadRequestError("give budget_seconds in the query or in the body, not both")
+    if isinstance(data.get("budget_seconds"), bool):
+        raise BadRequestError("budget_seconds must be a number of seconds")
+    return data.get("budget_seconds", from_query)
 
 
 def describe_hint(body: bytes) -> str:

@@ -42,6 +42,38 @@ EXPECTED: dict[str, list[dict[str, Any]]] = {
         },
         {"direction": "OUT", "type": "http", "name": "$return"},
     ],
+    "outbox_status": [
+        {
+            "direction": "IN",
+            "type": "httpTrigger",
+            "name": "req",
+            "methods": ["GET"],
+            "authLevel": "FUNCTION",
+            "route": "outbox/status",
+        },
+        {"direction": "OUT", "type": "http", "name": "$return"},
+    ],
+    "outbox_requeue": [
+        {
+            "direction": "IN",
+            "type": "httpTrigger",
+            "name": "req",
+            "methods": ["POST"],
+            "authLevel": "FUNCTION",
+            "route": "outbox/requeue",
+        },
+        {"direction": "OUT", "type": "http", "name": "$return"},
+    ],
+    "outbox_purge": [
+        {
+            "direction": "IN",
+            "type": "timerTrigger",
+            "name": "timer",
+            "schedule": "0 30 3 * * *",
+            "runOnStartup": False,
+            "useMonitor": True,
+        }
+    ],
 }
 
 

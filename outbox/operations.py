@@ -1,0 +1,175 @@
+"""Day-two operations over the outbox: backlog health, replay of Failed rows, retention, inspection.
+
+Shared by the CLI (``python -m outbox status | requeue | purge | show``) and the HTTP endpoints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from outbox import store
+from outbox.errors import OutboxError
+from outbox.models import Status
+
+MAX_LISTED_IDS = 1000
+
+
+class InvalidRequestError(OutboxError, ValueError):
+    """An operation was asked for with arguments that do not make sense together."""
+
+
+@dataclass(slots=True)
+class BacklogStatus:
+    """What ``status`` reports. ``healthy`` is false when a message waits longer than allowed."""
+
+    counts: dict[str, int]
+    oldest_due_pending_age_seconds: float | None
+    oldest_unpublished_age_seconds: float | None
+    oldest_failed_age_seconds: float | None
+    expired_leases: int
+    alert_threshold_seconds: float
+    healthy: bool
+    problems: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def backlog_status(conn: store.Connection, threshold_seconds: float) -> BacklogStatus:
+    """The backlog's health against ``OUTBOX_ALERT_OLDEST_PENDING_SECONDS``.
+
+    The alert is the one the outbox guide asks for: the age of the oldest unpublished row
+    (Pending or Processing, due or backing off). Failed rows are counted, not alerted on: with
+    ordering keys held by a Failed row, the rows held back age and trip the alert anyway.
+    """
+    row = await store.backlog_status(conn)
+    oldest = row["oldest_unpublished_age_seconds"]
+    problems = []
+    if oldest is not None and oldest > threshold_seconds:
+        problems.append(
+            f"oldest unpublished message is {oldest:.0f}s old "
+            f"(threshold {threshold_seconds:g}s): is the relay running, is a receiver failing?"
+        )
+    return BacklogStatus(
+        counts={str(s): row[str(s).lower()] for s in Status},
+        oldest_due_pending_age_seconds=_rounded(row["oldest_due_pending_age_seconds"]),
+        oldest_unpublished_age_seconds=_rounded(oldest),
+        oldest_failed_age_seconds=_rounded(row["oldest_failed_age_seconds"]),
+        expired_leases=row["expired_leases"],
+        alert_threshold_seconds=threshold_seconds,
+        healthy=not problems,
+        problems=problems,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueFilter:
+    """Which Failed rows to requeue: every given criterion must match."""
+
+    message_ids: tuple[UUID, ...] | None = None
+    event_type: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+    all_failed: bool = False
+
+    def check(self) -> None:
+        narrowed = any(
+            value is not None
+            for value in (self.message_ids, self.event_type, self.created_from, self.created_to)
+        )
+        if narrowed == self.all_failed:
+            raise InvalidRequestError(
+                "say which Failed messages to requeue: message ids, an event type and/or a "
+                "created_at range, or all_failed (but not both)"
+            )
+        if self.created_from and self.created_to and self.created_from >= self.created_to:
+            raise InvalidRequestError("created_from must be earlier than created_to")
+        for value in (self.created_from, self.created_to):
+            if value is not None and value.tzinfo is None:
+                raise InvalidRequestError("times need a UTC offset, e.g. 2026-01-02T00:00:00Z")
+
+
+@dataclass(slots=True)
+class RequeueReport:
+    requeued: int
+    dry_run: bool
+    message_ids: list[str]  # at most MAX_LISTED_IDS of them
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def requeue(conn: store.Connection, wanted: RequeueFilter, *, dry_run: bool) -> RequeueReport:
+    """Set matching Failed rows back to Pending, due now, with a fresh attempt budget.
+
+    Their attempt history and last_error stay; a dry run only reports what would change.
+    """
+    wanted.check()
+    ids = await store.requeue_failed(
+        conn,
+        wanted.message_ids,
+        wanted.event_type,
+        wanted.created_from,
+        wanted.created_to,
+        dry_run=dry_run,
+    )
+    return RequeueReport(len(ids), dry_run, [str(i) for i in ids[:MAX_LISTED_IDS]])
+
+
+@dataclass(slots=True)
+class PurgeReport:
+    processed_deleted: int = 0
+    failed_deleted: int = 0
+    batches: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def purge(
+    conn: store.Connection,
+    *,
+    retention_days: int,
+    failed_retention_days: int | None,
+    batch_size: int,
+) -> PurgeReport:
+    """Delete old Processed rows (and old Failed ones if a retention is set for them).
+
+    Batch by batch, each in its own short transaction, skipping locked rows: it never holds a long
+    lock and never waits for a relay. Attempt history goes with its message.
+    """
+    report = PurgeReport()
+    report.processed_deleted = await _purge(conn, "Processed", retention_days, batch_size, report)
+    if failed_retention_days is not None:
+        report.failed_deleted = await _purge(
+            conn, "Failed", failed_retention_days, batch_size, report
+        )
+    return report
+
+
+async def _purge(
+    conn: store.Connection, status: str, days: int, batch_size: int, report: PurgeReport
+) -> int:
+    total = 0
+    while True:
+        deleted = await store.purge_batch(conn, status, days, batch_size)
+        report.batches += 1
+        total += deleted
+        if deleted < batch_size:
+            return total
+
+
+async def show(conn: store.Connection, message_id: UUID) -> dict[str, Any] | None:
+    """A message with its attempt history, or None if there is no such message."""
+    message = await store.fetch_message(conn, message_id)
+    if message is None:
+        return None
+    message["attempts"] = await store.fetch_attempts(conn, message_id)
+    return message
+
+
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 1)
