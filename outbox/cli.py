@@ -9,22 +9,26 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import logging
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 
 from outbox import operations
+from outbox.console import configure_cli, configure_console
 from outbox.errors import InvalidMessageError, OutboxError
+from outbox.local import load_run_env
 from outbox.migrate import migrate
 from outbox.processor import DATABASE_ERRORS
 from outbox.producer import enqueue
 from outbox.redact import Redactor
 from outbox.runtime import Relay
+from outbox.serve import DEFAULT_PORT, ROOT, ServeOptions
+from outbox.serve import main as serve_main
 from outbox.settings import Settings
 from outbox.wakeup import WakeUpQueue
 
@@ -58,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("purge", help="delete Processed (and old Failed) rows past retention")
     show = commands.add_parser("show", help="one message with its attempt history")
     show.add_argument("message_id", type=uuid.UUID)
+    serve_cmd = commands.add_parser(
+        "serve", help="run the functions of function_app.py without the Functions host"
+    )
+    serve_cmd.add_argument("--host", default="127.0.0.1", help="HTTP address (127.0.0.1)")
+    serve_cmd.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (7071)")
+    serve_cmd.add_argument("--host-json", type=Path, default=ROOT / "host.json", metavar="PATH")
     return parser
 
 
@@ -156,9 +166,17 @@ CONNECTION_COMMANDS: dict[str, ConnectionCommand] = {
 }
 
 
+async def run_serve(settings: Settings, args: argparse.Namespace) -> int:
+    key = settings.function_key.get_secret_value() if settings.function_key else None
+    await serve_main(ServeOptions(args.host, args.port, args.host_json, key))
+    return EXIT_OK
+
+
 async def run(settings: Settings, args: argparse.Namespace) -> int:
     if args.command == "drain":
         return await run_drain(settings, args)
+    if args.command == "serve":
+        return await run_serve(settings, args)
     conn = await asyncpg.connect(settings.database_url.get_secret_value())
     try:
         return await CONNECTION_COMMANDS[args.command](conn, settings, args)
@@ -168,7 +186,11 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.command == "serve":
+        configure_console()
+    else:
+        configure_cli()
+    load_run_env()
     try:
         settings = Settings.load()
     except OutboxError as exc:

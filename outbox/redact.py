@@ -29,6 +29,8 @@ class Redactor:
             secrets.append(password)
         if settings.queue_connection is not None:
             secrets.append(settings.queue_connection.get_secret_value())
+        if settings.function_key is not None:
+            secrets.append(settings.function_key.get_secret_value())
         for endpoint in settings.webhooks.values():
             # Webhook URLs are often capabilities themselves (a token in the path or query).
             secrets.append(endpoint.url)

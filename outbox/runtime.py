@@ -83,6 +83,12 @@ async def shared_relay() -> Relay:
         return _shared
 
 
+async def stop_shared_relay() -> None:
+    """Make running drains of the process-wide relay wrap up (graceful shutdown)."""
+    if _shared is not None:
+        _shared.processor.stop()
+
+
 async def close_shared_relay() -> None:
     """Close the process-wide relay (host shutdown, tests)."""
     global _shared

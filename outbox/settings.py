@@ -161,6 +161,14 @@ class Settings(QueueSettings):
     retention_days: int = Field(default=7, ge=1, le=3650)
     failed_retention_days: int | None = Field(default=None, ge=1, le=3650)
     purge_batch_size: int = Field(default=1000, ge=1, le=100_000)
+    function_key: SecretStr | None = None  # `outbox serve`: the key its HTTP functions require
+
+    @field_validator("function_key")
+    @classmethod
+    def _check_function_key(cls, key: SecretStr | None) -> SecretStr | None:
+        if key is not None and len(key.get_secret_value()) < 16:
+            raise ValueError("must be at least 16 characters")
+        return key
 
     @field_validator("database_url")
     @classmethod

@@ -18,6 +18,7 @@ import asyncpg
 
 from outbox import operations
 from outbox.errors import OutboxError
+from outbox.logs import log_event
 from outbox.models import DrainSummary
 from outbox.processor import DATABASE_ERRORS
 from outbox.runtime import shared_relay
@@ -46,7 +47,7 @@ async def drain(trigger: str, budget_seconds: float | None = None) -> DrainSumma
     relay = await shared_relay()
     summary = await relay.processor.execute(budget_seconds)
     level = logging.ERROR if summary.error else logging.INFO
-    logger.log(level, "outbox drain (%s): %s", trigger, json.dumps(summary.as_dict()))
+    log_event(logger, level, "outbox.drain", trigger=trigger, **summary.as_dict())
     return summary
 
 
@@ -127,7 +128,7 @@ async def on_requeue_request(body: bytes) -> tuple[int, dict[str, Any]]:
     except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
         logger.error("outbox requeue: database error: %s", type(exc).__name__)
         return 503, {"error": DATABASE_DOWN}
-    logger.info("outbox requeue: %s", json.dumps(report.as_dict()))
+    log_event(logger, logging.INFO, "outbox.requeue", requeued=report.requeued, dry_run=dry_run)
     return 200, report.as_dict()
 
 
@@ -141,7 +142,7 @@ async def on_purge_timer() -> operations.PurgeReport:
         failed_retention_days=settings.failed_retention_days,
         batch_size=settings.purge_batch_size,
     )
-    logger.info("outbox purge: %s", json.dumps(report.as_dict()))
+    log_event(logger, logging.INFO, "outbox.purge", **report.as_dict())
     return report
 
 

@@ -34,6 +34,7 @@ _CLIENT_OPTIONS: dict[str, Any] = {
     "connection_timeout": 3,
     "read_timeout": 5,
 }
+_RAW: dict[str, Any] = {"message_encode_policy": None, "message_decode_policy": None}
 
 
 def hint_message() -> str:
@@ -41,11 +42,15 @@ def hint_message() -> str:
     return json.dumps({"requestedAt": datetime.now(UTC).isoformat()})
 
 
-def make_queue_client(settings: QueueSettings) -> QueueClient:
-    """An async client for the wake-up queue, from a connection string or a managed identity."""
+def make_queue_client(settings: QueueSettings, *, encoded: bool = True) -> QueueClient:
+    """An async client for the wake-up queue, from a connection string or a managed identity.
+
+    ``encoded=False`` gives a client that sends and receives message text as it is.
+    """
+    options = _CLIENT_OPTIONS if encoded else {**_CLIENT_OPTIONS, **_RAW}
     if settings.queue_connection is not None:
         return QueueClient.from_connection_string(
-            settings.queue_connection.get_secret_value(), settings.queue_name, **_CLIENT_OPTIONS
+            settings.queue_connection.get_secret_value(), settings.queue_name, **options
         )
     account_url = settings.queue_service_uri or (
         f"https://{settings.queue_account_name}.queue.core.windows.net"
@@ -65,7 +70,7 @@ def make_queue_client(settings: QueueSettings) -> QueueClient:
             "(pip install azure-identity)"
         ) from None
     return QueueClient(
-        account_url, settings.queue_name, credential=DefaultAzureCredential(), **_CLIENT_OPTIONS
+        account_url, settings.queue_name, credential=DefaultAzureCredential(), **options
     )
 
 

@@ -1,0 +1,326 @@
+"""``python -m outbox serve``: the functions of ``function_app.py`` without the Functions host.
+
+It indexes the app as the Python worker does and calls the very same functions:
+
+- each queue trigger: polls its queue (``%SETTING%`` names resolved from the environment), hands
+  the base64-decoded message over as a ``QueueMessage``, deletes it only after the function
+  succeeded, makes it visible again after ``visibilityTimeout`` when it failed, and moves it to
+  ``<queue>-poison`` after ``maxDequeueCount`` attempts, with the values from ``host.json``;
+- each timer trigger: fires on its NCRONTAB schedule (UTC);
+- each HTTP trigger: ``/api/<route>`` on 127.0.0.1:7071 like ``func start``; auth level
+  ``FUNCTION`` needs ``OUTBOX_FUNCTION_KEY`` as ``?code=`` or an ``x-functions-key`` header.
+
+SIGTERM or SIGINT stops it gracefully: no new work is taken, drains finish their in-flight
+deliveries and release what they had not started, then the clients close. No row is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import json
+import logging
+import os
+import re
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import azure.functions as func
+from aiohttp import web
+from azure.core.exceptions import ResourceExistsError
+from azure.functions.queue import QueueMessage
+from azure.functions.timer import TimerRequest
+from azure.storage.queue import QueueMessage as StoredMessage
+from azure.storage.queue.aio import QueueClient
+
+from outbox.errors import ConfigurationError
+from outbox.ncrontab import Schedule
+from outbox.runtime import close_shared_relay, stop_shared_relay
+from outbox.settings import QueueSettings
+from outbox.wakeup import make_queue_client
+
+logger = logging.getLogger("outbox.serve")
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_PORT = 7071
+_TIMESPAN = re.compile(r"^(\d+):(\d\d):(\d\d(?:\.\d+)?)$")
+_SETTING = re.compile(r"%([^%]+)%")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOptions:
+    """The ``extensions.queues`` settings of host.json that the listener honours."""
+
+    max_polling_interval: float = 60.0
+    visibility_timeout: float = 0.0
+    max_dequeue_count: int = 5
+    function_timeout: float = 300.0
+
+    @classmethod
+    def from_host_json(cls, path: Path) -> QueueOptions:
+        host = json.loads(path.read_text())
+        queues = host.get("extensions", {}).get("queues", {})
+        return cls(
+            max_polling_interval=timespan(queues.get("maxPollingInterval", "00:01:00")),
+            visibility_timeout=timespan(queues.get("visibilityTimeout", "00:00:00")),
+            max_dequeue_count=int(queues.get("maxDequeueCount", 5)),
+            function_timeout=timespan(host.get("functionTimeout", "00:05:00")),
+        )
+
+
+def timespan(text: str) -> float:
+    """Seconds in a host.json ``hh:mm:ss[.fff]`` value."""
+    match = _TIMESPAN.match(text)
+    if match is None:
+        raise ConfigurationError(f"host.json: not a hh:mm:ss time span: {text!r}")
+    hours, minutes, seconds = match.groups()
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def resolve(expression: str) -> str:
+    """A binding expression with ``%SETTING%`` replaced from the environment, as the host does."""
+
+    def setting(match: re.Match[str]) -> str:
+        value = os.environ.get(match.group(1))
+        if not value:
+            raise ConfigurationError(f"app setting {match.group(1)} is not set")
+        return value
+
+    return _SETTING.sub(setting, expression)
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """One indexed function: its name, trigger binding and the function itself."""
+
+    name: str
+    trigger: dict[str, Any]
+    function: Callable[..., Awaitable[Any]]
+
+
+def index(app: func.FunctionApp) -> list[Binding]:
+    """The app's functions, from one ``get_functions()`` call as the worker makes it."""
+    found = []
+    for function in app.get_functions():
+        bindings = [json.loads(raw) for raw in function.get_raw_bindings()]
+        trigger = next(b for b in bindings if b["type"].endswith("Trigger"))
+        name = function.get_function_name() or function.get_user_function().__name__
+        found.append(Binding(name, trigger, function.get_user_function()))
+    return found
+
+
+class QueueListener:
+    """Feeds one queue to one queue-triggered function, with the host's retry and poison rules."""
+
+    def __init__(self, binding: Binding, settings: QueueSettings, options: QueueOptions) -> None:
+        self.binding = binding
+        self.options = options
+        queue = resolve(binding.trigger["queueName"])
+        # Raw clients: the message is decoded here, as the trigger does, so that a message that
+        # is not base64 fails the invocation instead of the receive.
+        self.queue = _raw_client(settings, queue)
+        self.poison = _raw_client(settings, f"{queue}-poison")
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        with contextlib.suppress(ResourceExistsError):
+            await self.queue.create_queue()
+        idle = 0.1
+        while not stopping.is_set():
+            handled = await self._receive_one()
+            idle = 0.1 if handled else min(idle * 2, self.options.max_polling_interval)
+            if not handled:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), idle)
+
+    async def close(self) -> None:
+        await self.queue.close()
+        await self.poison.close()
+
+    async def _receive_one(self) -> bool:
+        try:
+            messages = self.queue.receive_messages(
+                max_messages=1, visibility_timeout=int(self.options.function_timeout)
+            )
+            stored = await anext(aiter(messages), None)
+        except Exception as exc:  # noqa: BLE001 - a storage outage must not stop the listener
+            logger.warning(
+                "queue %s: receive failed: %s", self.queue.queue_name, type(exc).__name__
+            )
+            return False
+        if stored is None:
+            return False
+        await self._invoke(stored)
+        return True
+
+    async def _invoke(self, stored: StoredMessage) -> None:
+        try:
+            body = base64.b64decode(stored.content or "", validate=True)
+            message = QueueMessage(  # type: ignore[no-untyped-call]
+                id=stored.id,
+                body=body,
+                dequeue_count=stored.dequeue_count,
+                expiration_time=stored.expires_on,
+                insertion_time=stored.inserted_on,
+                pop_receipt=stored.pop_receipt,
+            )
+            await self.binding.function(message)
+        except Exception as exc:  # noqa: BLE001 - like the host: any failure means "try again"
+            await self._failed(stored, exc)
+        else:
+            await self.queue.delete_message(stored)
+
+    async def _failed(self, stored: StoredMessage, exc: BaseException) -> None:
+        logger.error(
+            "%s failed on message %s (dequeue %s): %s",
+            self.binding.name,
+            stored.id,
+            stored.dequeue_count,
+            type(exc).__name__,
+        )
+        if (stored.dequeue_count or 0) >= self.options.max_dequeue_count:
+            with contextlib.suppress(ResourceExistsError):
+                await self.poison.create_queue()
+            await self.poison.send_message(stored.content)
+            await self.queue.delete_message(stored)
+            logger.warning("message %s moved to %s", stored.id, self.poison.queue_name)
+        else:
+            await self.queue.update_message(
+                stored, visibility_timeout=int(self.options.visibility_timeout)
+            )
+
+
+def _raw_client(settings: QueueSettings, queue: str) -> QueueClient:
+    return make_queue_client(settings.model_copy(update={"queue_name": queue}), encoded=False)
+
+
+async def run_timer(binding: Binding, stopping: asyncio.Event) -> None:
+    """Call a timer-triggered function at each firing of its schedule."""
+    schedule = Schedule.parse(binding.trigger["schedule"])
+    while not stopping.is_set():
+        due = schedule.next_after(datetime.now(UTC))
+        wait = (due - datetime.now(UTC)).total_seconds()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), max(wait, 0))
+            return
+        late = datetime.now(UTC) - due > timedelta(seconds=5)
+        try:
+            await binding.function(TimerRequest(past_due=late))
+        except Exception as exc:  # noqa: BLE001 - the next firing tries again
+            logger.error("%s failed: %s", binding.name, exc)
+
+
+def http_app(bindings: list[Binding], key: str | None) -> web.Application:
+    """``/api/<route>`` for each HTTP-triggered function, with function-key checks."""
+    app = web.Application(client_max_size=1024 * 1024)
+    for binding in bindings:
+        handler = _http_handler(binding, key)
+        for method in binding.trigger.get("methods") or ["GET", "POST"]:
+            app.router.add_route(method.upper(), f"/api/{binding.trigger['route']}", handler)
+    return app
+
+
+def _http_handler(
+    binding: Binding, key: str | None
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    needs_key = binding.trigger.get("authLevel", "FUNCTION").upper() != "ANONYMOUS"
+
+    async def handle(request: web.Request) -> web.Response:
+        if needs_key and not _key_matches(request, key):
+            return web.json_response({"error": "a valid function key is required"}, status=401)
+        body = await request.read()
+        invocation = func.HttpRequest(
+            method=request.method,
+            url=str(request.url),
+            headers=dict(request.headers),
+            params=dict(request.query),
+            route_params=dict(request.match_info),
+            body=body,
+        )
+        try:
+            response = await binding.function(invocation)
+        except Exception:
+            logger.exception("%s failed", binding.name)
+            return web.json_response({"error": "internal error"}, status=500)
+        return web.Response(
+            body=response.get_body(),
+            status=response.status_code,
+            headers={k: v for k, v in response.headers.items() if k.lower() != "content-length"},
+            content_type=response.mimetype,
+        )
+
+    return handle
+
+
+def _key_matches(request: web.Request, key: str | None) -> bool:
+    given = request.headers.get("x-functions-key") or request.query.get("code") or ""
+    return key is not None and hmac.compare_digest(given.encode(), key.encode())
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    host_json: Path = ROOT / "host.json"
+    key: str | None = None
+
+
+async def serve(app: func.FunctionApp, options: ServeOptions, stopping: asyncio.Event) -> None:
+    """Run every function of ``app`` until ``stopping`` is set, then shut down gracefully."""
+    bindings = index(app)
+    queue_options = QueueOptions.from_host_json(options.host_json)
+    settings = QueueSettings.load()
+    listeners = [
+        QueueListener(b, settings, queue_options)
+        for b in bindings
+        if b.trigger["type"] == "queueTrigger"
+    ]
+    http = [b for b in bindings if b.trigger["type"] == "httpTrigger"]
+    runner = web.AppRunner(http_app(http, options.key), access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    await web.TCPSite(runner, options.host, options.port).start()
+    logger.info(
+        "serving %d functions; HTTP on http://%s:%d/api/ (%s)",
+        len(bindings),
+        options.host,
+        options.port,
+        "function key required"
+        if options.key
+        else "no OUTBOX_FUNCTION_KEY: keyed routes answer 401",
+    )
+    tasks = [asyncio.create_task(listener.run(stopping)) for listener in listeners]
+    tasks += [
+        asyncio.create_task(run_timer(b, stopping))
+        for b in bindings
+        if b.trigger["type"] == "timerTrigger"
+    ]
+    try:
+        await stopping.wait()
+    finally:
+        logger.info("stopping: finishing in-flight deliveries")
+        await stop_shared_relay()
+        await runner.cleanup()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for listener in listeners:
+            await listener.close()
+        await close_shared_relay()
+        logger.info("stopped")
+
+
+def install_stop_signals(stopping: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+
+
+async def main(options: ServeOptions) -> None:
+    import function_app  # noqa: PLC0415 - the app module, loaded like the host loads it
+
+    stopping = asyncio.Event()
+    install_stop_signals(stopping)
+    await serve(function_app.app, options, stopping)
