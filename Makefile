@@ -6,8 +6,8 @@ AZURITE := tools/node_modules/.bin/azurite
 
 .PHONY: run test check clean
 
-run: $(VENV)/.run-deps
-	$(BIN)/python -m outbox.local
+run: $(VENV)/.run-deps $(AZURITE)
+	$(BIN)/python -m outbox.local $(RUN_ARGS)
 
 test: $(VENV)/.dev-deps $(AZURITE)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

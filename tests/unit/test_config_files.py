@@ -62,7 +62,7 @@ def test_host_json_keeps_queue_encoding_polling_and_timeout_as_chosen() -> None:
         "version": "[4.*, 5.0.0)",
     }
     assert queues["messageEncoding"] == "base64"  # what notify() sends
-    assert queues["maxPollingInterval"] == "00:00:02"
+    assert queues["maxPollingInterval"] == "00:00:01"
     assert queues["maxDequeueCount"] == 5
     assert host["functionTimeout"] == "00:10:00"
 
