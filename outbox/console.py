@@ -41,7 +41,7 @@ class ProgressFilter(logging.Filter):
         record.msg = (
             "draining: %(processed)d delivered, %(retried)d to retry, %(failed)d failed so far"
         )
-        record.args = (self._totals,)
+        record.args = dict(self._totals)
         return True
 
 

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import logging
+
+from outbox.console import ProgressFilter
+from outbox.logs import log_event
+
+
+class Collect(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_batches_become_an_occasional_running_total_reset_by_each_run() -> None:
+    logger = logging.getLogger("test.console")
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    collect = Collect()
+    progress = ProgressFilter(every=0.0)
+    collect.addFilter(progress)
+    logger.addHandler(collect)
+    try:
+        for _ in range(3):
+            log_event(logger, logging.INFO, "outbox.batch", processed=100, retried=2, failed=1)
+        log_event(logger, logging.INFO, "outbox.drain", trigger="queue", processed=300)
+        log_event(logger, logging.INFO, "outbox.batch", processed=5, retried=0, failed=0)
+        progress.every = 3600.0
+        log_event(logger, logging.INFO, "outbox.batch", processed=5, retried=0, failed=0)
+    finally:
+        logger.removeHandler(collect)
+    assert collect.lines == [
+        "draining: 100 delivered, 2 to retry, 1 failed so far",
+        "draining: 200 delivered, 4 to retry, 2 failed so far",
+        "draining: 300 delivered, 6 to retry, 3 failed so far",
+        "outbox.drain trigger=queue processed=300",
+        "draining: 5 delivered, 0 to retry, 0 failed so far",
+    ]
