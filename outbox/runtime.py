@@ -7,7 +7,6 @@ the app while indexing, before any invocation), then reused by every invocation 
 from __future__ import annotations
 
 import asyncio
-from types import TracebackType
 from typing import Self
 
 import aiohttp
@@ -15,6 +14,7 @@ import asyncpg
 
 from outbox.processor import OutboxProcessor
 from outbox.publisher import Publisher, make_session
+from outbox.resources import Closeable
 from outbox.settings import Settings
 from outbox.store import Connection
 
@@ -33,7 +33,7 @@ async def create_pool(settings: Settings) -> Connection:
     )
 
 
-class Relay:
+class Relay(Closeable):
     """A processor with its own pool and session; close it when done."""
 
     def __init__(
@@ -54,17 +54,6 @@ class Relay:
     async def close(self) -> None:
         await self.session.close()
         await self.pool.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
 
 _shared: Relay | None = None

@@ -6,13 +6,14 @@ functions without the Functions host. Every path ends in the one shared processo
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, ParamSpec
 
 import asyncpg
 
@@ -24,6 +25,7 @@ from outbox.processor import DATABASE_ERRORS
 from outbox.runtime import shared_relay
 
 logger = logging.getLogger("outbox.triggers")
+P = ParamSpec("P")
 
 # HTTP requests on Azure are cut off after 230 s; a drain also needs up to one lease to finish.
 HTTP_DEFAULT_BUDGET_SECONDS = 30.0
@@ -78,17 +80,41 @@ async def on_timer(*, past_due: bool) -> DrainSummary:
     return summary
 
 
-async def on_drain_request(params: Mapping[str, str], body: bytes) -> tuple[int, dict[str, Any]]:
+HttpResult = tuple[int, dict[str, Any]]
+
+
+def http_endpoint(
+    name: str,
+) -> Callable[[Callable[P, Awaitable[HttpResult]]], Callable[P, Awaitable[HttpResult]]]:
+    """Turn an endpoint's errors into JSON answers that leak nothing.
+
+    Bad parameters → 400 with the reason; bad settings → 500; database trouble → 503. The details
+    go to the function log, never into the answer.
+    """
+
+    def decorate(handler: Callable[P, Awaitable[HttpResult]]) -> Callable[P, Awaitable[HttpResult]]:
+        @functools.wraps(handler)
+        async def guarded(*args: P.args, **kwargs: P.kwargs) -> HttpResult:
+            try:
+                return await handler(*args, **kwargs)
+            except (BadRequestError, operations.InvalidRequestError) as exc:
+                return 400, {"error": str(exc)}
+            except OutboxError:
+                logger.exception("outbox %s endpoint failed", name)
+                return 500, {"error": MISCONFIGURED}
+            except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
+                logger.error("outbox %s endpoint: database error: %s", name, type(exc).__name__)
+                return 503, {"error": DATABASE_DOWN}
+
+        return guarded
+
+    return decorate
+
+
+@http_endpoint("drain")
+async def on_drain_request(params: Mapping[str, str], body: bytes) -> HttpResult:
     """HTTP trigger: ``POST /api/outbox/drain[?budget_seconds=N]`` → (status, JSON body)."""
-    try:
-        budget = parse_budget(params, body)
-    except BadRequestError as exc:
-        return 400, {"error": str(exc)}
-    try:
-        summary = await drain("http", budget)
-    except OutboxError:
-        logger.exception("outbox drain endpoint failed")
-        return 500, {"error": MISCONFIGURED}
+    summary = await drain("http", parse_budget(params, body))
     result = summary.as_dict()
     if summary.error:
         result["error"] = DATABASE_DOWN
@@ -96,38 +122,23 @@ async def on_drain_request(params: Mapping[str, str], body: bytes) -> tuple[int,
     return 200, result
 
 
-async def on_status_request() -> tuple[int, dict[str, Any]]:
+@http_endpoint("status")
+async def on_status_request() -> HttpResult:
     """HTTP trigger: ``GET /api/outbox/status`` → 200 when healthy, 503 when not (same JSON)."""
-    try:
-        relay = await shared_relay()
-        status = await operations.backlog_status(
-            relay.pool, relay.settings.alert_oldest_pending_seconds
-        )
-    except OutboxError:
-        logger.exception("outbox status endpoint failed")
-        return 500, {"error": MISCONFIGURED}
-    except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
-        logger.error("outbox status: database error: %s", type(exc).__name__)
-        return 503, {"error": DATABASE_DOWN}
+    relay = await shared_relay()
+    status = await operations.backlog_status(
+        relay.pool, relay.settings.alert_oldest_pending_seconds
+    )
     return (200 if status.healthy else 503), status.as_dict()
 
 
-async def on_requeue_request(body: bytes) -> tuple[int, dict[str, Any]]:
+@http_endpoint("requeue")
+async def on_requeue_request(body: bytes) -> HttpResult:
     """HTTP trigger: ``POST /api/outbox/requeue`` with a JSON body naming the Failed rows."""
-    try:
-        wanted, dry_run = parse_requeue(body)
-        wanted.check()
-    except (BadRequestError, operations.InvalidRequestError) as exc:
-        return 400, {"error": str(exc)}
-    try:
-        relay = await shared_relay()
-        report = await operations.requeue(relay.pool, wanted, dry_run=dry_run)
-    except OutboxError:
-        logger.exception("outbox requeue endpoint failed")
-        return 500, {"error": MISCONFIGURED}
-    except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
-        logger.error("outbox requeue: database error: %s", type(exc).__name__)
-        return 503, {"error": DATABASE_DOWN}
+    wanted, dry_run = parse_requeue(body)
+    wanted.check()
+    relay = await shared_relay()
+    report = await operations.requeue(relay.pool, wanted, dry_run=dry_run)
     log_event(logger, logging.INFO, "outbox.requeue", requeued=report.requeued, dry_run=dry_run)
     return 200, report.as_dict()
 

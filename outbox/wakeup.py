@@ -7,7 +7,6 @@ import contextlib
 import json
 import logging
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import Any, Self
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
@@ -16,6 +15,7 @@ from azure.storage.queue.aio import QueueClient
 
 from outbox.errors import ConfigurationError
 from outbox.redact import Redactor
+from outbox.resources import Closeable
 from outbox.settings import QueueSettings
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def make_queue_client(settings: QueueSettings, *, encoded: bool = True) -> Queue
     )
 
 
-class WakeUpQueue:
+class WakeUpQueue(Closeable):
     """Sends hints to the wake-up queue; reuse one per process (it holds an HTTP session)."""
 
     def __init__(self, client: QueueClient, *, redact: Redactor | None = None) -> None:
@@ -122,14 +122,3 @@ class WakeUpQueue:
 
     async def close(self) -> None:
         await self.client.close()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
