@@ -7,11 +7,13 @@ reusing the same pool, as a Functions worker would.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import pytest
 
 from outbox.models import DrainSummary
@@ -20,12 +22,22 @@ from tests.support.outbox_helpers import (
     open_relay,
     seed,
     statuses,
+    wait_for_leases_to_expire,
 )
 from tests.support.receiver import Receiver, Reply
 from tests.support.tcp_proxy import TcpProxy
 
 MESSAGES = 10
 DB_PASSWORD = "db-pw-must-never-leak"  # the test server ignores it (trust auth)
+
+
+@pytest.fixture
+async def observer(database_url: str) -> AsyncIterator[Any]:
+    """A second connection to watch and terminate backends while ``db`` holds row locks (inside a
+    transaction, pg_stat_activity would show ``db`` the same snapshot over and over)."""
+    conn = await asyncpg.connect(database_url)
+    yield conn
+    await conn.close()
 
 
 @pytest.fixture
@@ -58,8 +70,152 @@ async def terminate(db: Any, pids: list[int]) -> None:
         await db.execute("SELECT pg_terminate_backend($1)", pid)
 
 
+async def write_waiting_on_lock(observer: Any) -> int | None:
+    """The relay backend whose outcome write waits for the test's row locks, if any."""
+    pid: int | None = await observer.fetchval(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' LIMIT 1"
+    )
+    return pid
+
+
 async def deliveries_in_flight(receiver: Receiver, count: int) -> None:
     await eventually(lambda: _true(receiver.in_flight == count), timeout=30)
+
+
+async def test_terminated_backends_are_replaced_and_every_outcome_is_recorded_once(
+    db: Any, observer: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    ids = await seed(db, MESSAGES)
+    release = asyncio.Event()
+    receiver.script("/orders", then=Reply(200, hold=release))
+    settings = make_settings(batch_size=MESSAGES, concurrency=MESSAGES)
+    async with open_relay(settings) as relay:
+        run = asyncio.create_task(relay.processor.execute())
+        await deliveries_in_flight(receiver, MESSAGES)
+        # 1. Every connection the relay holds (idle in its pool) is terminated.
+        pooled = await relay_backends(db, observer)
+        assert pooled, "the relay should hold a pooled connection"
+        await terminate(db, pooled)
+        # 2. The outcome write is terminated in the middle of its statement: the test holds the
+        #    rows' locks so the write waits, kills the backend running it, and lets the retry in.
+        locks = db.transaction()
+        await locks.start()
+        await db.execute("SELECT 1 FROM outbox_messages FOR UPDATE")
+        release.set()
+        first = await _eventually_value(lambda: write_waiting_on_lock(observer))
+        await terminate(observer, [first])
+        await eventually(lambda: _differs(write_waiting_on_lock(observer), first))
+        await locks.rollback()
+        summary = await run
+    assert (summary.processed, summary.unrecorded, summary.error) == (MESSAGES, 0, None)
+    assert await statuses(db) == {"Processed": MESSAGES}
+    hits = Counter(r.webhook_id for r in receiver.requests)
+    assert hits == Counter({str(i): 1 for i in ids})
+
+
+@pytest.mark.slow
+async def test_backends_terminated_until_the_run_gives_up_report_a_clean_error_then_recover(
+    db: Any,
+    observer: Any,
+    receiver: Receiver,
+    make_settings: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ids = await seed(db, MESSAGES)
+    release = asyncio.Event()
+    receiver.script("/orders", then=Reply(200, hold=release))
+    settings = make_settings(
+        batch_size=MESSAGES, concurrency=MESSAGES, lease_seconds=4, http_timeout_seconds=2
+    )
+    async with open_relay(settings) as relay:
+        run = asyncio.create_task(relay.processor.execute())
+        await deliveries_in_flight(receiver, MESSAGES)
+        locks = db.transaction()
+        await locks.start()
+        await db.execute("SELECT 1 FROM outbox_messages FOR UPDATE")
+        release.set()
+        killer = asyncio.create_task(_terminate_lock_waiters_until(observer, run))
+        failed = await run
+        await killer
+        await locks.rollback()
+        _assert_clean_database_error(failed)
+        assert (failed.processed, failed.unrecorded) == (0, MESSAGES)
+        assert await statuses(db) == {"Processing": MESSAGES}  # safe under their leases
+
+        await wait_for_leases_to_expire(db)
+        recovered = await relay.processor.execute()  # same process, same pool
+    assert (recovered.processed, recovered.error) == (MESSAGES, None)
+    assert await statuses(db) == {"Processed": MESSAGES}
+    hits = Counter(r.webhook_id for r in receiver.requests)
+    # The first run's outcomes were lost, so each message went out again: unavoidable, bounded.
+    assert hits == Counter({str(i): 2 for i in ids})
+    assert await db.fetchval("SELECT array_agg(DISTINCT attempt_count) FROM outbox_messages") == [2]
+    assert "ConnectionDoesNotExistError" in caplog.text
+
+
+@pytest.mark.slow
+async def test_database_unreachable_mid_drain_reports_a_clean_error_and_the_next_run_completes(
+    db: Any,
+    database_url: str,
+    receiver: Receiver,
+    make_settings: Any,
+    proxy: TcpProxy,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    ids = await seed(db, MESSAGES)
+    release = asyncio.Event()
+    receiver.script("/orders", then=Reply(200, hold=release))
+    settings = make_settings(
+        database_url=through(proxy, database_url),
+        batch_size=MESSAGES,
+        concurrency=MESSAGES,
+        lease_seconds=4,
+        http_timeout_seconds=2,
+    )
+    async with open_relay(settings) as relay:
+        run = asyncio.create_task(relay.processor.execute())
+        await deliveries_in_flight(receiver, MESSAGES)
+        proxy.down()  # the database host is gone while the webhooks are in flight
+        release.set()
+        failed = await run
+        _assert_clean_database_error(failed)
+        assert failed.unrecorded == MESSAGES
+        assert proxy.refused > 1  # the outcome write was retried before giving up
+        assert await statuses(db) == {"Processing": MESSAGES}
+
+        proxy.up()
+        await wait_for_leases_to_expire(db)
+        recovered = await relay.processor.execute()
+    assert (recovered.processed, recovered.error) == (MESSAGES, None)
+    assert await statuses(db) == {"Processed": MESSAGES}
+    hits = Counter(r.webhook_id for r in receiver.requests)
+    assert hits == Counter({str(i): 2 for i in ids})
+    assert DB_PASSWORD not in caplog.text
+
+
+async def test_an_outage_shorter_than_the_write_retries_loses_no_outcome(
+    db: Any, database_url: str, receiver: Receiver, make_settings: Any, proxy: TcpProxy
+) -> None:
+    ids = await seed(db, MESSAGES)
+    release = asyncio.Event()
+    receiver.script("/orders", then=Reply(200, hold=release))
+    settings = make_settings(
+        database_url=through(proxy, database_url), batch_size=MESSAGES, concurrency=MESSAGES
+    )
+    async with open_relay(settings) as relay:
+        run = asyncio.create_task(relay.processor.execute())
+        await deliveries_in_flight(receiver, MESSAGES)
+        proxy.down()
+        release.set()
+        await eventually(lambda: _true(proxy.refused >= 1))  # the first write attempt failed
+        proxy.up()
+        summary = await run
+    assert (summary.processed, summary.unrecorded, summary.error) == (MESSAGES, 0, None)
+    assert await statuses(db) == {"Processed": MESSAGES}
+    hits = Counter(r.webhook_id for r in receiver.requests)
+    assert hits == Counter({str(i): 1 for i in ids})
 
 
 def _assert_clean_database_error(summary: DrainSummary) -> None:
@@ -68,6 +224,33 @@ def _assert_clean_database_error(summary: DrainSummary) -> None:
     assert summary.error.startswith("database error: ")
     assert DB_PASSWORD not in summary.error
     assert "Traceback" not in summary.error
+
+
+async def _terminate_lock_waiters_until(db: Any, run: asyncio.Task[DrainSummary]) -> None:
+    """Terminate every relay backend that queues for the test's row locks, until ``run`` ends."""
+    while not run.done():
+        pid = await write_waiting_on_lock(db)
+        if pid is not None:
+            await terminate(db, [pid])
+        await asyncio.sleep(0.02)
+
+
+async def _eventually_value(probe: Any, timeout: float = 15) -> Any:
+    found: list[Any] = []
+
+    async def check() -> bool:
+        value = await probe()
+        if value is not None:
+            found.append(value)
+        return value is not None
+
+    await eventually(check, timeout)
+    return found[-1]
+
+
+async def _differs(value: Any, other: Any) -> bool:
+    found = await value
+    return found is not None and found != other
 
 
 async def _true(value: bool) -> bool:
