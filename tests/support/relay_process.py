@@ -100,7 +100,9 @@ class RelayProcess:
         return await self.wait()
 
 
-async def run_relay(env: dict[str, str], *args: str, timeout: float = 120) -> RelayResult:
+async def run_relay(
+    env: dict[str, str], *args: str, module: str = "outbox", timeout: float = 120
+) -> RelayResult:
     """Run one relay process to completion."""
-    relay = await RelayProcess(env, *args).start()
+    relay = await RelayProcess(env, *args, module=module).start()
     return await relay.wait(timeout)
