@@ -12,12 +12,13 @@ RETURNING outbox_message_id;
 -- Claim due Pending rows and rows whose lease expired; $1 = batch size, $2 = lease seconds.
 -- While a row is Processing its next_attempt_at equals lease_expires_at, so the partial index
 -- (next_attempt_at, created_at) serves both halves of the seed's condition in one ordered scan.
+-- A Processing row without any lease (set by hand) belongs to no worker: it is claimable too.
 WITH due AS (
     SELECT outbox_message_id
     FROM outbox_messages
     WHERE status IN ('Pending', 'Processing')
       AND next_attempt_at <= now()
-      AND (status = 'Pending' OR lease_expires_at <= now())
+      AND (status = 'Pending' OR lease_expires_at IS NULL OR lease_expires_at <= now())
     ORDER BY next_attempt_at, created_at
     FOR UPDATE SKIP LOCKED
     LIMIT $1
