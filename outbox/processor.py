@@ -117,7 +117,10 @@ class OutboxProcessor:
                 continue
             lease_deadline = time.monotonic() + self._settings.lease_seconds
             batch = await store.lease_batch(
-                self._pool, self._settings.batch_size, self._settings.lease_seconds
+                self._pool,
+                self._settings.batch_size,
+                self._settings.lease_seconds,
+                self._settings.max_payload_bytes,
             )
             if not batch and not batches:
                 return

@@ -9,6 +9,7 @@ from typing import Any
 from uuid import UUID
 
 from outbox.models import LeasedMessage, Outcome
+from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES
 
 # asyncpg ships no type information; a connection or a pool both offer fetch/execute.
 Connection = Any
@@ -32,10 +33,16 @@ async def insert_message(conn: Connection, message_id: UUID, event_type: str, pa
 
 
 async def lease_batch(
-    conn: Connection, batch_size: int, lease_seconds: float
+    conn: Connection,
+    batch_size: int,
+    lease_seconds: float,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> list[LeasedMessage]:
-    """Claim up to ``batch_size`` due rows for ``lease_seconds``."""
-    rows = await conn.fetch(QUERIES["lease_batch"], batch_size, lease_seconds)
+    """Claim up to ``batch_size`` due rows for ``lease_seconds``.
+
+    Payloads above ``max_payload_bytes`` are not fetched (``payload`` is None; the size is kept).
+    """
+    rows = await conn.fetch(QUERIES["lease_batch"], batch_size, lease_seconds, max_payload_bytes)
     return [LeasedMessage.from_row(row) for row in rows]
 
 
