@@ -55,5 +55,5 @@ async def test_huge_rows_written_by_hand_fail_without_being_loaded_into_the_rela
         )
         assert len(stored["last_error"]) <= MAX_ERROR_CHARS
     # 60 MB of payloads were leased and none of it crossed into the relay: its memory grew by
-    # the usual few MB of a run (a relay that fetched them grew by about 100 MB).
-    assert memory_growth_kib(result.stderr) * 1024 < 2 * HUGE_BYTES
+    # about 1 MB over the run (a relay that fetches them grows by about 100 MB).
+    assert memory_growth_kib(result.stderr) * 1024 < HUGE_BYTES // 2

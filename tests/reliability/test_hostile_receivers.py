@@ -112,11 +112,11 @@ async def test_a_50_mb_response_body_is_not_read(
         assert stored["last_error"].startswith("HTTP 500: xxxx")
         assert len(stored["last_error"]) <= MAX_ERROR_CHARS
     # The relay read a snippet and hung up: the server could not push the body through the
-    # socket buffers, and the relay's memory grew by the usual few MB of a run (a relay that
-    # read the body grew by about 100 MB).
+    # socket buffers, and the relay's memory grew by about 1 MB over the run (a relay that
+    # reads the body grows by about 100 MB).
     assert server.requests == 1
     assert server.bytes_sent < FIFTY_MB // 4
-    assert memory_growth_kib(result.stderr) * 1024 < FIFTY_MB * 4 // 5
+    assert memory_growth_kib(result.stderr) * 1024 < FIFTY_MB // 5
 
 
 async def test_a_5xx_storm_backs_off_and_every_message_is_delivered_after_recovery(

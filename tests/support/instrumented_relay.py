@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import resource
 import sys
 import time
 from typing import Any
@@ -50,18 +49,24 @@ def main() -> int:
     from outbox.cli import main as outbox_main  # after the skew: modules bind datetime at import
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    print(f"{START_RSS}={_current_rss_kib()}", file=sys.stderr, flush=True)
+    print(f"{START_RSS}={_memory_kib('VmRSS')}", file=sys.stderr, flush=True)
     try:
         return outbox_main(command)
     finally:
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        print(f"{PEAK_RSS}={peak}", file=sys.stderr, flush=True)
+        print(f"{PEAK_RSS}={_memory_kib('VmHWM')}", file=sys.stderr, flush=True)
 
 
-def _current_rss_kib() -> int:
-    with open("/proc/self/statm", encoding="ascii") as statm:
-        pages = int(statm.read().split()[1])
-    return pages * resource.getpagesize() // 1024
+def _memory_kib(field: str) -> int:
+    """``VmRSS`` (resident now) or ``VmHWM`` (peak) of this process image, in KiB.
+
+    Not ``getrusage().ru_maxrss``: Linux carries the parent's peak over fork and exec into it.
+    """
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            name, _, value = line.partition(":")
+            if name == field:
+                return int(value.split()[0])
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def reported_kib(stderr: str, name: str) -> int:
