@@ -28,6 +28,9 @@ from tests.support.receiver import Receiver, Reply
 from tests.support.tcp_proxy import TcpProxy
 
 MESSAGES = 10
+# Larger than MESSAGES: the one batch comes back short, so the relay waits for it instead of
+# leasing ahead, and the only statement caught by the fault is the outcome write.
+BATCH = 2 * MESSAGES
 DB_PASSWORD = "db-pw-must-never-leak"  # the test server ignores it (trust auth)
 
 
@@ -89,7 +92,7 @@ async def test_terminated_backends_are_replaced_and_every_outcome_is_recorded_on
     ids = await seed(db, MESSAGES)
     release = asyncio.Event()
     receiver.script("/orders", then=Reply(200, hold=release))
-    settings = make_settings(batch_size=MESSAGES, concurrency=MESSAGES)
+    settings = make_settings(batch_size=BATCH, concurrency=MESSAGES)
     async with open_relay(settings) as relay:
         run = asyncio.create_task(relay.processor.execute())
         await deliveries_in_flight(receiver, MESSAGES)
@@ -126,7 +129,7 @@ async def test_backends_terminated_until_the_run_gives_up_report_a_clean_error_t
     release = asyncio.Event()
     receiver.script("/orders", then=Reply(200, hold=release))
     settings = make_settings(
-        batch_size=MESSAGES, concurrency=MESSAGES, lease_seconds=4, http_timeout_seconds=2
+        batch_size=BATCH, concurrency=MESSAGES, lease_seconds=4, http_timeout_seconds=2
     )
     async with open_relay(settings) as relay:
         run = asyncio.create_task(relay.processor.execute())
@@ -169,7 +172,7 @@ async def test_database_unreachable_mid_drain_reports_a_clean_error_and_the_next
     receiver.script("/orders", then=Reply(200, hold=release))
     settings = make_settings(
         database_url=through(proxy, database_url),
-        batch_size=MESSAGES,
+        batch_size=BATCH,
         concurrency=MESSAGES,
         lease_seconds=4,
         http_timeout_seconds=2,
@@ -202,7 +205,7 @@ async def test_an_outage_shorter_than_the_write_retries_loses_no_outcome(
     release = asyncio.Event()
     receiver.script("/orders", then=Reply(200, hold=release))
     settings = make_settings(
-        database_url=through(proxy, database_url), batch_size=MESSAGES, concurrency=MESSAGES
+        database_url=through(proxy, database_url), batch_size=BATCH, concurrency=MESSAGES
     )
     async with open_relay(settings) as relay:
         run = asyncio.create_task(relay.processor.execute())
