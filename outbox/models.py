@@ -25,7 +25,10 @@ class LeasedMessage:
 
     message_id: UUID
     event_type: str
-    payload: str  # the jsonb value as JSON text, spliced into the webhook body unchanged
+    # The jsonb value as JSON text, spliced into the webhook body unchanged; None when it is
+    # larger than the lease was asked to return (it will not be sent anyway).
+    payload: str | None
+    payload_bytes: int
     attempt: int  # attempt_count after the lease: 1 on the first delivery
     lease_token: UUID
     created_at: datetime
@@ -36,6 +39,7 @@ class LeasedMessage:
             message_id=row["outbox_message_id"],
             event_type=row["event_type"],
             payload=row["payload"],
+            payload_bytes=row["payload_bytes"],
             attempt=row["attempt_count"],
             lease_token=row["lease_token"],
             created_at=row["created_at"],

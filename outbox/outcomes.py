@@ -100,5 +100,6 @@ def describe_response(status: int, snippet: str) -> str:
 
 
 def bounded(text: str) -> str:
-    """``text`` cut to MAX_ERROR_CHARS so last_error stays small whatever the receiver sends."""
+    """``text`` on one line and cut to MAX_ERROR_CHARS, whatever the receiver or library sent."""
+    text = " ".join(text.split())
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"

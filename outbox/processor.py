@@ -55,6 +55,10 @@ RECORD_RETRY_DELAYS = (0.2, 1.0, 3.0)
 DATABASE_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
     asyncpg.InterfaceError,
+    # A statement sent on a connection the server has just closed, after asyncpg read the
+    # server's termination notice but before it saw the end of the stream: the connection is
+    # gone, another one will do.
+    asyncpg.InternalClientError,
     asyncpg.PostgresConnectionError,
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InsufficientResourcesError,
@@ -129,6 +133,7 @@ class OutboxProcessor:
                 self._settings.batch_size,
                 self._settings.lease_seconds,
                 hold_on_failure=self._settings.ordering_on_failure == "hold",
+                max_payload_bytes=self._settings.max_payload_bytes,
             )
             if not batch and not batches:
                 return

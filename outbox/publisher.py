@@ -28,7 +28,7 @@ def make_session(settings: Settings) -> aiohttp.ClientSession:
     )
 
 
-def build_body(message: LeasedMessage) -> bytes:
+def build_body(message: LeasedMessage, payload: str) -> bytes:
     """``{"id", "type", "timestamp", "data"}``; the stored JSON payload is spliced in unchanged."""
     envelope = json.dumps(
         {
@@ -38,7 +38,7 @@ def build_body(message: LeasedMessage) -> bytes:
         },
         ensure_ascii=False,
     )
-    return f'{envelope[:-1]}, "data": {message.payload}}}'.encode()
+    return f'{envelope[:-1]}, "data": {payload}}}'.encode()
 
 
 def build_headers(endpoint: WebhookEndpoint, message_id: str, body: bytes) -> dict[str, str]:
@@ -82,28 +82,28 @@ class Publisher:
             redact=Redactor.from_settings(settings),
         )
 
-    def check(self, message: LeasedMessage) -> Undeliverable | None:
-        """Why ``message`` can never be delivered as stored, or None if it can."""
+    def sendable(self, message: LeasedMessage) -> str | Undeliverable:
+        """The payload text to send, or why ``message`` can never be delivered as stored."""
         if message.event_type not in self._webhooks:
             return Undeliverable(
                 f"no endpoint configured for event type {message.event_type!r} (OUTBOX_WEBHOOKS)"
             )
-        if not message.payload.startswith("{"):
-            return Undeliverable(f"payload is JSON {json_kind(message.payload)}, not an object")
-        size = len(message.payload.encode())
-        if size > self._max_payload_bytes:
+        size = message.payload_bytes
+        if message.payload is None or size > self._max_payload_bytes:
             return Undeliverable(
                 f"payload is {size} bytes, above OUTBOX_MAX_PAYLOAD_BYTES={self._max_payload_bytes}"
             )
-        return None
+        if not message.payload.startswith("{"):
+            return Undeliverable(f"payload is JSON {json_kind(message.payload)}, not an object")
+        return message.payload
 
     async def deliver(self, message: LeasedMessage) -> DeliveryResult:
         """One POST of ``message``; every exception is turned into a result, none escapes."""
-        problem = self.check(message)
-        if problem is not None:
-            return problem
+        payload = self.sendable(message)
+        if isinstance(payload, Undeliverable):
+            return payload
         endpoint = self._webhooks[message.event_type]
-        body = build_body(message)
+        body = build_body(message, payload)
         headers = build_headers(endpoint, str(message.message_id), body)
         try:
             return await self._post(endpoint.url, body, headers)

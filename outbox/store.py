@@ -12,6 +12,7 @@ from uuid import UUID
 
 from outbox.models import LeasedMessage, Recorded
 from outbox.outcomes import attempt_facts
+from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES
 
 # asyncpg ships no type information; a connection or a pool both offer fetch/execute.
 Connection = Any
@@ -43,10 +44,21 @@ async def insert_message(
 
 
 async def lease_batch(
-    conn: Connection, batch_size: int, lease_seconds: float, *, hold_on_failure: bool = True
+    conn: Connection,
+    batch_size: int,
+    lease_seconds: float,
+    *,
+    hold_on_failure: bool = True,
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> list[LeasedMessage]:
-    """Claim up to ``batch_size`` due rows for ``lease_seconds``."""
-    rows = await conn.fetch(QUERIES["lease_batch"], batch_size, lease_seconds, hold_on_failure)
+    """Claim up to ``batch_size`` due rows for ``lease_seconds``.
+
+    ``hold_on_failure``: a Failed message keeps later ones with its ordering key waiting.
+    Payloads above ``max_payload_bytes`` are not fetched (``payload`` is None; the size is kept).
+    """
+    rows = await conn.fetch(
+        QUERIES["lease_batch"], batch_size, lease_seconds, hold_on_failure, max_payload_bytes
+    )
     return [LeasedMessage.from_row(row) for row in rows]
 
 

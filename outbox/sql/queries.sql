@@ -13,16 +13,19 @@ RETURNING outbox_message_id;
 
 -- lease_batch --
 -- Claim due Pending rows and rows whose lease expired; $1 = batch size, $2 = lease seconds,
--- $3 = whether a Failed message holds back later messages with its ordering key.
+-- $3 = whether a Failed message holds back later messages with its ordering key,
+-- $4 = the largest payload to return: a bigger one (only a row written by hand can be) comes back
+-- as NULL with its size, so a batch of them cannot fill the relay's memory.
 -- While a row is Processing its next_attempt_at equals lease_expires_at, so the partial index
 -- (next_attempt_at, created_at) serves both halves of the seed's condition in one ordered scan.
+-- A Processing row without any lease (set by hand) belongs to no worker: it is claimable too.
 -- A keyed row is due only when no earlier row with its key is still waiting (ordering index).
 WITH due AS (
     SELECT m.outbox_message_id
     FROM outbox_messages AS m
     WHERE m.status IN ('Pending', 'Processing')
       AND m.next_attempt_at <= now()
-      AND (m.status = 'Pending' OR m.lease_expires_at <= now())
+      AND (m.status = 'Pending' OR m.lease_expires_at IS NULL OR m.lease_expires_at <= now())
       AND (m.ordering_key IS NULL OR NOT EXISTS (
             SELECT 1
             FROM outbox_messages AS earlier
@@ -43,8 +46,10 @@ SET status = 'Processing',
     lease_token = gen_random_uuid()
 FROM due
 WHERE m.outbox_message_id = due.outbox_message_id
-RETURNING m.outbox_message_id, m.event_type, m.payload::text AS payload, m.attempt_count,
-          m.lease_token, m.created_at;
+RETURNING m.outbox_message_id, m.event_type,
+          CASE WHEN octet_length(m.payload::text) <= $4 THEN m.payload::text END AS payload,
+          octet_length(m.payload::text) AS payload_bytes,
+          m.attempt_count, m.lease_token, m.created_at;
 
 -- record_outcomes --
 -- Write a whole batch of outcomes and their attempt history in one statement. $1 is a JSON array

@@ -106,6 +106,8 @@ async def test_lease_uses_the_partial_index(db: Any) -> None:
         "SELECT gen_random_uuid(), 'X', '{}' FROM generate_series(1, 50)"
     )
     await db.execute("ANALYZE outbox_messages")
-    plan = await db.fetchval("EXPLAIN (FORMAT JSON) " + QUERIES["lease_batch"], 10, 30.0, True)
+    plan = await db.fetchval(
+        "EXPLAIN (FORMAT JSON) " + QUERIES["lease_batch"], 10, 30.0, True, 1024
+    )
     assert "outbox_messages_due_idx" in str(plan)
     assert "Seq Scan" not in str(plan)

@@ -136,7 +136,8 @@ async def test_lease_with_ordering_keys_still_uses_indexes(db: Any) -> None:
         for n in range(200):
             await outbox.enqueue(db, "X", {"n": n}, ordering_key=f"k{n % 20}")
     await db.execute("ANALYZE outbox_messages")
-    plan = str(await db.fetchval("EXPLAIN (FORMAT JSON) " + QUERIES["lease_batch"], 10, 30.0, True))
+    query = "EXPLAIN (FORMAT JSON) " + QUERIES["lease_batch"]
+    plan = str(await db.fetchval(query, 10, 30.0, True, 1024))
     assert "outbox_messages_due_idx" in plan
     assert "outbox_messages_ordering_idx" in plan
     assert "Seq Scan" not in plan

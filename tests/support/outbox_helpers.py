@@ -90,3 +90,26 @@ async def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProces
 
     # Off the event loop: the receiver in this process must keep answering meanwhile.
     return await asyncio.to_thread(run)
+
+
+async def seed_many(conn: Any, count: int, event_type: str = "OrderCompleted") -> list[uuid.UUID]:
+    """Insert ``count`` Pending rows in one statement (what thousands of producers would leave)."""
+    rows = await conn.fetch(
+        "INSERT INTO outbox_messages (outbox_message_id, event_type, payload) "
+        "SELECT gen_random_uuid(), $1, jsonb_build_object('n', n) FROM generate_series(1, $2) n "
+        "RETURNING outbox_message_id",
+        event_type,
+        count,
+    )
+    return [r["outbox_message_id"] for r in rows]
+
+
+async def wait_for_leases_to_expire(conn: Any, timeout: float = 30) -> None:
+    """Poll the database's clock until no row is held under a lease that is still valid."""
+    await eventually(
+        lambda: conn.fetchval(
+            "SELECT count(*) = 0 FROM outbox_messages "
+            "WHERE status = 'Processing' AND lease_expires_at > now()"
+        ),
+        timeout,
+    )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import ssl
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable
@@ -45,7 +46,8 @@ class Received:
 class Receiver:
     """Start with ``await Receiver().start()``; point endpoints at ``receiver.url(path)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.ssl_context = ssl_context
         self.requests: list[Received] = []
         self.in_flight = 0
         self.max_in_flight = 0
@@ -61,7 +63,7 @@ class Receiver:
         app.router.add_route("*", "/{tail:.*}", self._handle)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        site = web.TCPSite(self._runner, "127.0.0.1", 0, ssl_context=self.ssl_context)
         await site.start()
         self.port = self._runner.addresses[0][1]
         return self
@@ -71,7 +73,8 @@ class Receiver:
             await self._runner.cleanup()
 
     def url(self, path: str = "/hook") -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
+        scheme = "https" if self.ssl_context else "http"
+        return f"{scheme}://127.0.0.1:{self.port}{path}"
 
     def script(self, path: str, *replies: Reply, then: Reply | None = None) -> None:
         """Answer requests to ``path`` with ``replies`` in order, then ``then`` (default 200)."""

@@ -89,6 +89,11 @@ def test_not_attempted_is_released_without_counting_the_attempt() -> None:
     assert outcome == Outcome(Status.PENDING, 0.0, None, not_attempted=True)
 
 
+def test_transport_errors_are_folded_onto_one_line() -> None:
+    outcome = outcome_of(TransportError("ClientOSError: reset\n  by peer\r\n\tdetails"))
+    assert outcome.error == "ClientOSError: reset by peer details"
+
+
 def test_error_text_is_bounded_and_on_one_line() -> None:
     outcome = outcome_of(Response(500, snippet="line one\nline two " + "x" * 5000))
     assert outcome.error is not None

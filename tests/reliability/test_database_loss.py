@@ -1,0 +1,312 @@
+"""The database goes away mid-drain: backends terminated, or the server unreachable for a while.
+
+The relay runs in the test's process with its real pool, so "the next run" is the same process
+reusing the same pool, as a Functions worker would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from outbox.models import DrainSummary
+from tests.support.outbox_helpers import (
+    eventually,
+    open_relay,
+    seed,
+    statuses,
+    wait_for_leases_to_expire,
+)
+from tests.support.receiver import Receiver, Reply
+from tests.support.tcp_proxy import TcpProxy
+
+MESSAGES = 10
+# Larger than MESSAGES: the one batch comes back short, so the relay waits for it instead of
+# leasing ahead, and the only statement caught by the fault is the outcome write.
+BATCH = 2 * MESSAGES
+DB_PASSWORD = "db-pw-must-never-leak"  # the test server ignores it (trust auth)
+
+
+@pytest.fixture
+async def observer(database_url: str) -> AsyncIterator[Any]:
+    """A second connection to watch and terminate backends while ``db`` holds row locks (inside a
+    transaction, pg_stat_activity would show ``db`` the same snapshot over and over)."""
+    conn = await asyncpg.connect(database_url)
+    yield conn
+    await conn.close()
+
+
+@pytest.fixture
+async def proxy(database_url: str) -> AsyncIterator[TcpProxy]:
+    parts = urlsplit(database_url)
+    server = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
+    yield server
+    await server.stop()
+
+
+def through(proxy: TcpProxy, database_url: str) -> str:
+    """``database_url`` routed through ``proxy``, with a password that must never be shown."""
+    parts = urlsplit(database_url)
+    user = parts.username or "postgres"
+    return urlunsplit(parts._replace(netloc=f"{user}:{DB_PASSWORD}@127.0.0.1:{proxy.port}"))
+
+
+async def relay_backends(db: Any, *test_connections: Any) -> list[int]:
+    """Server processes of this test's database, other than the test's own connections."""
+    rows = await db.fetch(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND pid <> pg_backend_pid() AND pid <> ALL($1::int[])",
+        [conn.get_server_pid() for conn in test_connections],
+    )
+    return [r["pid"] for r in rows]
+
+
+async def terminate(db: Any, pids: list[int]) -> None:
+    for pid in pids:
+        await db.execute("SELECT pg_terminate_backend($1)", pid)
+
+
+async def write_waiting_on_lock(observer: Any) -> int | None:
+    """The relay backend whose outcome write waits for the test's row locks, if any."""
+    pid: int | None = await observer.fetchval(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND wait_event_type = 'Lock' LIMIT 1"
+    )
+    return pid
+
+
+async def deliveries_in_flight(receiver: Receiver, count: int) -> None:
+    await eventually(lambda: _true(receiver.in_flight == count), timeout=30)
+
+
+async def test_terminated_backends_are_replaced_and_every_outcome_is_recorded_once(
+    db: Any, observer: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    ids = await seed(db, MESSAGES)
+    release = asyncio.Event()
+    receiver.script("/orders", then=Reply(200, hold=release))
+    settings = make_settings(batch_size=BATCH, concurrency=MESSAGES)
+    async with open_relay(settings) as relay:
+        run = asyncio.create_task(relay.processor.execute())
+        await deliveries_in_flight(receiver, MESSAGES)
+        # 1. Every connection the relay holds (idle in its pool) is terminated.
+        pooled = await relay_backends(db, observer)
+        assert pooled, "the relay should hold a pooled connection"
+        await terminate(db, pooled)
+        # 2. The outcome write is terminated in the middle of its statement: the test holds the
+        #    rows' locks so the write waits, kills the backend running it, and lets the retry in.
+        locks = db.transaction()
+        await locks.start()
+        await db.execute("SELECT 1 FROM outbox_messages FOR UPDATE")
+        release.set()
+        first = await _eventually_value(lambda: write_waiting_on_lock(observer))
+        await terminate(observer, [first])
+        await eventually(lambda: _differs(write_waiting_on_lock(observer), first))
+        await locks.rollback()
+        summary = await run
+    assert (summary.processed, summary.unrecorded, summary.error) == (MESSAGES, 0, None)
+    assert await statuses(db) == {"Processed": MESSAGES}
+    hits = Counter(r.webhook_id for r in receiver.requests)
+    assert hits == Counter({str(i): 1 for i in ids})
+
+
+@pytest.mark.slow
+async def test_backends_terminated_until_the_run_gives_up_report_a_clean_error_then_recover(
+    db: Any,
+    observer: Any,
+    receiver: Receiver,
+    make_settings: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ids = await seed(db, MESSAGES)
+    release = asyncio.Event()
+    receiver.script("/orders", then=Reply(200, hold=release))
+    settings = make_settings(
+        batch_size=BATCH, concurrency=MESSAGES, lease_seconds=4, http_timeout_seconds=2
+    )
+    async with open_relay(settings) as relay:
+        run = asyncio.create_task(relay.processor.execute())
+        await deliveries_in_flight(receiver, MESSAGES)
+        locks = db.transaction()
+        await locks.start()
+        await db.execute("SELECT 1 FROM outbox_messages FOR UPDATE")
+        release.set()
+        killer = asyncio.create_task(_terminate_lock_waiters_until(observer, run))
+        failed = await run
+        await killer
+        await locks.rollback()
+        _assert_clean_database_error(failed)
+        assert (failed.processed, failed.unrecorded) == (0, MESSAGES)
+        assert await statuses(db) == {"Processing": MESSAGES}  # safe under their leases
+
+        await wait_for_leases_to_expire(db)
+        recovered = await relay.processor.execute()  # same process, same pool
+    assert (recovered.processed, recovered.error) == (MESSAGES, None)
+    assert await statuses(db) == {"Processed": MESSAGES}
+    hits = Counter(r.webhook_id for r in receiver.requests)
+    # The first run's outcomes were lost, so each message went out again: unavoidable, bounded.
+    assert hits == Counter({str(i): 2 for i in ids})
+    assert await db.fetchval("SELECT array_agg(DISTINCT attempt_count) FROM outbox_messages") == [2]
+    assert "ConnectionDoesNotExistError" in caplog.text
+
+
+@pytest.mark.slow
+async def test_database_unreachable_mid_drain_reports_a_clean_error_and_the_next_run_completes(
+    db: Any,
+    database_url: str,
+    receiver: Receiver,
+    make_settings: Any,
+    proxy: TcpProxy,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    ids = await seed(db, MESSAGES)
+    release = asyncio.Event()
+    receiver.script("/orders", then=Reply(200, hold=release))
+    settings = make_settings(
+        database_url=through(proxy, database_url),
+        batch_size=BATCH,
+        concurrency=MESSAGES,
+        lease_seconds=4,
+        http_timeout_seconds=2,
+    )
+    async with open_relay(settings) as relay:
+        run = asyncio.create_task(relay.processor.execute())
+        await deliveries_in_flight(receiver, MESSAGES)
+        proxy.down()  # the database host is gone while the webhooks are in flight
+        release.set()
+        failed = await run
+        _assert_clean_database_error(failed)
+        assert failed.unrecorded == MESSAGES
+        assert proxy.refused > 1  # the outcome write was retried before giving up
+        assert await statuses(db) == {"Processing": MESSAGES}
+
+        proxy.up()
+        await wait_for_leases_to_expire(db)
+        recovered = await relay.processor.execute()
+    assert (recovered.processed, recovered.error) == (MESSAGES, None)
+    assert await statuses(db) == {"Processed": MESSAGES}
+    hits = Counter(r.webhook_id for r in receiver.requests)
+    assert hits == Counter({str(i): 2 for i in ids})
+    assert DB_PASSWORD not in caplog.text
+
+
+async def test_an_outage_shorter_than_the_write_retries_loses_no_outcome(
+    db: Any, database_url: str, receiver: Receiver, make_settings: Any, proxy: TcpProxy
+) -> None:
+    ids = await seed(db, MESSAGES)
+    release = asyncio.Event()
+    receiver.script("/orders", then=Reply(200, hold=release))
+    settings = make_settings(
+        database_url=through(proxy, database_url), batch_size=BATCH, concurrency=MESSAGES
+    )
+    async with open_relay(settings) as relay:
+        run = asyncio.create_task(relay.processor.execute())
+        await deliveries_in_flight(receiver, MESSAGES)
+        proxy.down()
+        release.set()
+        await eventually(lambda: _true(proxy.refused >= 1))  # the first write attempt failed
+        proxy.up()
+        summary = await run
+    assert (summary.processed, summary.unrecorded, summary.error) == (MESSAGES, 0, None)
+    assert await statuses(db) == {"Processed": MESSAGES}
+    hits = Counter(r.webhook_id for r in receiver.requests)
+    assert hits == Counter({str(i): 1 for i in ids})
+
+
+def _assert_clean_database_error(summary: DrainSummary) -> None:
+    assert summary.stopped_by == "error"
+    assert summary.error is not None
+    assert summary.error.startswith("database error: ")
+    assert DB_PASSWORD not in summary.error
+    assert "Traceback" not in summary.error
+
+
+async def _terminate_lock_waiters_until(db: Any, run: asyncio.Task[DrainSummary]) -> None:
+    """Terminate every relay backend that queues for the test's row locks, until ``run`` ends."""
+    while not run.done():
+        pid = await write_waiting_on_lock(db)
+        if pid is not None:
+            await terminate(db, [pid])
+        await asyncio.sleep(0.02)
+
+
+async def _eventually_value(probe: Any, timeout: float = 15) -> Any:
+    found: list[Any] = []
+
+    async def check() -> bool:
+        value = await probe()
+        if value is not None:
+            found.append(value)
+        return value is not None
+
+    await eventually(check, timeout)
+    return found[-1]
+
+
+async def _differs(value: Any, other: Any) -> bool:
+    found = await value
+    return found is not None and found != other
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_a_write_on_a_connection_the_server_is_closing_is_retried_on_a_fresh_one(
+    db: Any,
+    database_url: str,
+    receiver: Receiver,
+    make_settings: Any,
+    proxy: TcpProxy,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ids = await seed(db, 3)
+    release = asyncio.Event()
+    receiver.script("/orders", then=Reply(200, hold=release))
+    settings = make_settings(database_url=through(proxy, database_url), concurrency=3)
+    async with open_relay(settings) as relay:
+        run = asyncio.create_task(relay.processor.execute())
+        await deliveries_in_flight(receiver, 3)
+        # The server terminates the pooled connection; the relay reads the termination notice
+        # but (held by the proxy) not yet the end of the stream when it writes the outcomes.
+        proxy.hold_closes()
+        await terminate(db, await relay_backends(db))
+        await eventually(lambda: _true(proxy.closed_by_server >= 1))
+        release.set()
+        try:
+            summary = await run
+        finally:
+            proxy.release_closes()
+    assert (summary.processed, summary.unrecorded, summary.error) == (3, 0, None)
+    assert await statuses(db) == {"Processed": 3}
+    assert Counter(r.webhook_id for r in receiver.requests) == Counter({str(i): 1 for i in ids})
+    assert "database write failed (InternalClientError)" in caplog.text
+
+
+async def test_a_lease_on_a_connection_the_server_is_closing_ends_the_run_with_a_clean_error(
+    db: Any, database_url: str, receiver: Receiver, make_settings: Any, proxy: TcpProxy
+) -> None:
+    settings = make_settings(database_url=through(proxy, database_url))
+    async with open_relay(settings) as relay:
+        assert (await relay.processor.execute()).leased == 0  # leaves a connection in the pool
+        proxy.hold_closes()
+        await terminate(db, await relay_backends(db))
+        await eventually(lambda: _true(proxy.closed_by_server >= 1))
+        [message_id] = await seed(db)
+        try:
+            failed = await relay.processor.execute()
+        finally:
+            proxy.release_closes()
+        _assert_clean_database_error(failed)
+        assert failed.leased == 0
+        recovered = await relay.processor.execute()
+    assert (recovered.processed, recovered.error) == (1, None)
+    assert [r.webhook_id for r in receiver.requests] == [str(message_id)]

@@ -1,0 +1,130 @@
+"""Lease edge cases with real processes: a worker frozen past its lease, and workers whose wall
+clocks are wrong. Every lease time comes from the database's ``now()``."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from outbox.store import QUERIES
+from tests.conftest import SECRET
+from tests.support.outbox_helpers import row, seed, wait_for_leases_to_expire
+from tests.support.receiver import Receiver, Reply
+from tests.support.relay_process import RelayProcess, relay_env, run_relay
+
+HOUR = 3600
+
+
+async def test_a_worker_frozen_past_its_lease_cannot_overwrite_the_newer_outcome(
+    db: Any, database_url: str, receiver: Receiver, webhooks: dict[str, Any]
+) -> None:
+    [message_id] = await seed(db)
+    answer_late = asyncio.Event()
+    # The first worker's request is answered with a failure, but only once it is frozen.
+    receiver.script("/orders", Reply(500, b"late failure", hold=answer_late), then=Reply(200))
+    env = relay_env(database_url, webhooks, lease_seconds=3, http_timeout_seconds=1.5)
+    frozen = await RelayProcess(env).start()
+    try:
+        await receiver.wait_for(1, timeout=30)
+        frozen.send(signal.SIGSTOP)  # a stalled VM, a stop-the-world pause: the lease runs out
+        answer_late.set()
+        await wait_for_leases_to_expire(db)
+        fresh = await run_relay(env)
+    finally:
+        frozen.send(signal.SIGCONT)
+    late = await frozen.wait()
+
+    assert fresh.returncode == 0, fresh.stderr
+    assert fresh.summary["processed"] == 1
+    assert late.returncode == 0, late.stderr
+    assert (late.summary["stale"], late.summary["retried"], late.summary["processed"]) == (1, 0, 0)
+    assert "outcome=Stale" in late.stderr  # the dropped outcome is logged
+    stored = await row(db, message_id)
+    assert (stored["status"], stored["attempt_count"], stored["last_error"]) == (
+        "Processed",
+        2,
+        None,
+    )
+
+
+def test_lease_and_outcome_statements_take_durations_never_timestamps() -> None:
+    for name in ("lease_batch", "record_outcomes"):
+        statement = QUERIES[name]
+        assert "now()" in statement
+        assert not re.search(r"\$\d+::(timestamp|timestamptz|date)", statement)
+    # The lease length and retry delays are bound as seconds and added to now() in the database.
+    assert "now() + make_interval(secs => $2)" in QUERIES["lease_batch"]
+    assert "now() + make_interval(secs => o.delay_seconds)" in QUERIES["record_outcomes"]
+
+
+@pytest.mark.parametrize(
+    "skew", [HOUR, -HOUR], ids=["worker-clock-1h-ahead", "worker-clock-1h-behind"]
+)
+async def test_leases_follow_the_database_clock_whatever_the_worker_clock_says(
+    db: Any, database_url: str, receiver: Receiver, skew: int
+) -> None:
+    [due, expired, held, failing] = await seed(db, 4)
+    await db.execute(
+        "UPDATE outbox_messages SET event_type = 'Flaky' WHERE outbox_message_id = $1", failing
+    )
+    # A dead worker's lease that ran out a second ago, and a live worker's lease for a minute.
+    await db.execute(
+        "UPDATE outbox_messages SET status = 'Processing', lease_token = gen_random_uuid(), "
+        "attempt_count = 1, lease_expires_at = now() - interval '1 second', "
+        "next_attempt_at = now() - interval '1 second' WHERE outbox_message_id = $1",
+        expired,
+    )
+    await db.execute(
+        "UPDATE outbox_messages SET status = 'Processing', lease_token = gen_random_uuid(), "
+        "attempt_count = 1, lease_expires_at = now() + interval '1 minute', "
+        "next_attempt_at = now() + interval '1 minute' WHERE outbox_message_id = $1",
+        held,
+    )
+    held_before = await _lease(db, held)
+    receiver.script("/flaky", then=Reply(503))
+    webhooks = {
+        "OrderCompleted": {"url": receiver.url("/orders"), "secret": SECRET},
+        "Flaky": {"url": receiver.url("/flaky")},
+    }
+    result = await run_relay(
+        relay_env(database_url, webhooks, lease_seconds=30, http_timeout_seconds=5),
+        "--clock-skew",
+        str(skew),
+        "--",
+        "drain",
+        module="tests.support.instrumented_relay",
+    )
+
+    assert result.returncode == 0, result.stderr
+    # The worker's clock really was off: the one value it contributes is the signature timestamp.
+    stamps = [int(r.headers["webhook-timestamp"]) for r in receiver.requests]
+    assert all(abs(stamp - (time.time() + skew)) < 60 for stamp in stamps)
+    # Whatever that clock said, the database decided what was due and what was still leased.
+    assert sorted(r.webhook_id for r in receiver.to("/orders")) == sorted(map(str, [due, expired]))
+    assert await _lease(db, held) == held_before  # untouched
+    for message_id in (due, expired):
+        stored = await row(db, message_id)
+        assert stored["status"] == "Processed"
+        assert await _seconds_from_database_now(db, stored["processing_started_at"]) < 60
+        assert await _seconds_from_database_now(db, stored["processed_at"]) < 60
+    retried = await row(db, failing)
+    assert retried["status"] == "Pending"
+    assert 0 < retried["due_in"] <= 10.0  # the first backoff step, from the database's now()
+
+
+async def _lease(db: Any, message_id: Any) -> tuple[Any, ...]:
+    stored = await row(db, message_id)
+    return tuple(
+        stored[c]
+        for c in ("status", "attempt_count", "lease_token", "lease_expires_at", "last_error")
+    )
+
+
+async def _seconds_from_database_now(db: Any, moment: Any) -> float:
+    seconds: float = await db.fetchval("SELECT abs(extract(epoch FROM now() - $1))::float8", moment)
+    return seconds

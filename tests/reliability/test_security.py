@@ -1,0 +1,200 @@
+"""Secrets stay out of everything the relay writes, and https endpoints are verified by default.
+
+Every failure that could carry a secret is provoked at once (a receiver that reflects the URL it
+was called on, a refused connection, invalid HTTP, the database lost, the queue unreachable) and
+everything the relay produced is searched for each secret: logs at DEBUG from every logger,
+``last_error``, summaries, the drain endpoint's answers, and a relay process's output.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import azure.functions as func
+import pytest
+from azure.functions.timer import TimerRequest
+
+import function_app
+import outbox
+from outbox.errors import OutboxError
+from outbox.runtime import close_shared_relay
+from tests.conftest import SECRET
+from tests.support.azure import free_port
+from tests.support.outbox_helpers import open_relay, seed
+from tests.support.raw_server import RawServer, bytes_answer
+from tests.support.receiver import Receiver, Reply
+from tests.support.relay_process import relay_env, run_relay
+from tests.support.tcp_proxy import TcpProxy
+from tests.support.tls import self_signed_certificate, server_context
+
+DB_PASSWORD = "db-pw-4c1d"
+ACCOUNT_KEY = "c3RvcmFnZS1rZXktdGhhdC1tdXN0LW5vdC1sZWFr"  # base64 "storage-key-that-must-not-leak"
+ECHO_PATH = "/echo/capability-token-abc"
+ECHO_QUERY = "token=querytoken123"
+REFUSED_PATH = "/hooks/capability-token-def"
+BROKEN_PATH = "/hooks/capability-token-ghi"
+SECRETS = [
+    SECRET,
+    SECRET.removeprefix("whsec_"),
+    DB_PASSWORD,
+    ACCOUNT_KEY,
+    "capability-token-abc",
+    "querytoken123",
+    "capability-token-def",
+    "capability-token-ghi",
+]
+
+
+def assert_no_secret(where: str, text: str) -> None:
+    for secret in SECRETS:
+        assert secret not in text, f"{secret!r} leaked into {where}"
+
+
+@pytest.fixture
+async def proxy(database_url: str) -> AsyncIterator[TcpProxy]:
+    parts = urlsplit(database_url)
+    server = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+async def broken_receiver() -> AsyncIterator[RawServer]:
+    server = await RawServer(bytes_answer(b"not http at all\r\n\r\n")).start()
+    yield server
+    await server.stop()
+
+
+@pytest.fixture
+def hostile_env(
+    monkeypatch: pytest.MonkeyPatch,
+    database_url: str,
+    receiver: Receiver,
+    proxy: TcpProxy,
+    broken_receiver: RawServer,
+) -> dict[str, str]:
+    """App settings full of secrets, pointing at receivers that fail in every way."""
+    echo_url = receiver.url(f"{ECHO_PATH}?{ECHO_QUERY}")
+    # The receiver reflects the URL it was called on, as many error pages do.
+    receiver.script(ECHO_PATH, then=Reply(500, f"no route for {echo_url}".encode()))
+    parts = urlsplit(database_url)
+    env = {
+        "OUTBOX_DATABASE_URL": urlunsplit(
+            parts._replace(netloc=f"postgres:{DB_PASSWORD}@127.0.0.1:{proxy.port}")
+        ),
+        "OUTBOX_WEBHOOKS": json.dumps(
+            {
+                "Echo": {"url": echo_url, "secret": SECRET},
+                "Refused": {"url": f"http://127.0.0.1:{free_port()}{REFUSED_PATH}"},
+                "Broken": {"url": broken_receiver.url(BROKEN_PATH), "secret": SECRET},
+            }
+        ),
+        "AzureWebJobsStorage": (
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;"
+            f"AccountKey={ACCOUNT_KEY};QueueEndpoint=http://127.0.0.1:{free_port()}/devstoreaccount1;"
+        ),
+        "OUTBOX_HTTP_TIMEOUT_SECONDS": "5",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
+
+
+async def seed_every_failure(db: Any) -> None:
+    for event_type in ("Echo", "Refused", "Broken"):
+        await seed(db, 2, event_type=event_type)
+
+
+def drain_request() -> func.HttpRequest:
+    return func.HttpRequest(method="POST", url="/api/outbox/drain", headers={}, params={}, body=b"")
+
+
+async def test_secrets_never_reach_logs_last_error_summaries_or_drain_answers(
+    db: Any, proxy: TcpProxy, hostile_env: dict[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)  # every logger, every level: aiohttp, asyncpg, azure too
+    await seed_every_failure(db)
+    try:
+        answered = await function_app.outbox_drain(drain_request())
+        assert answered.status_code == 200
+        summary = json.loads(answered.get_body())
+        assert (summary["leased"], summary["retried"]) == (6, 6)
+
+        hint_sent = await outbox.notify()  # the queue endpoint refuses the connection
+        assert hint_sent is False
+
+        proxy.down()
+        await seed_every_failure(db)  # written directly: the relay can no longer reach them
+        lost = await function_app.outbox_drain(drain_request())
+        assert lost.status_code == 503
+        with pytest.raises(OutboxError) as timer_failure:
+            await function_app.outbox_timer(TimerRequest())
+    finally:
+        proxy.up()
+        await close_shared_relay()
+
+    errors = [r["last_error"] for r in await db.fetch("SELECT last_error FROM outbox_messages")]
+    assert sum(e is not None for e in errors) == 6
+    for where, text in [
+        ("last_error", "\n".join(e for e in errors if e)),
+        ("the drain answer", answered.get_body().decode()),
+        ("the drain answer with the database down", lost.get_body().decode()),
+        ("the timer's failure", str(timer_failure.value)),
+        ("the logs", caplog.text),
+        ("the log records' arguments", "\n".join(repr(r.args) for r in caplog.records)),
+    ]:
+        assert_no_secret(where, text)
+    assert "database error" in str(timer_failure.value)
+    assert "wake-up hint not sent" in caplog.text
+
+
+async def test_secrets_never_reach_a_relay_process_output(
+    db: Any, hostile_env: dict[str, str], proxy: TcpProxy
+) -> None:
+    await seed_every_failure(db)
+    env = relay_env("", {}) | hostile_env
+    delivered = await run_relay(env)
+    proxy.down()
+    cut_off = await run_relay(env)
+    proxy.up()
+
+    assert delivered.returncode == 0, delivered.stderr
+    assert delivered.summary["retried"] == 6
+    assert cut_off.returncode == 1
+    assert cut_off.summary["error"].startswith("database error")
+    for name, result in [("drain", delivered), ("drain without a database", cut_off)]:
+        assert_no_secret(f"{name} stdout", result.stdout)
+        assert_no_secret(f"{name} stderr", result.stderr)
+
+
+async def test_https_endpoints_are_verified_by_default(
+    db: Any, database_url: str, make_settings: Any, tmp_path: Path
+) -> None:
+    cert, key = self_signed_certificate(tmp_path)
+    receiver = await Receiver(ssl_context=server_context(cert, key)).start()
+    try:
+        webhooks = {"OrderCompleted": {"url": receiver.url("/orders"), "secret": SECRET}}
+        [message_id] = await seed(db)
+        async with open_relay(make_settings(webhooks=webhooks)) as relay:
+            refused = await relay.processor.execute()
+        assert refused.retried == 1
+        assert receiver.requests == []
+        last_error = await db.fetchval("SELECT last_error FROM outbox_messages")
+        assert last_error.startswith("ClientConnectorCertificateError")
+        assert "certificate verify failed" in last_error
+
+        # The same relay, told to trust that certificate, delivers: only verification stood
+        # in the way.
+        await db.execute("UPDATE outbox_messages SET next_attempt_at = now()")
+        trusting = relay_env(database_url, webhooks) | {"SSL_CERT_FILE": str(cert)}
+        trusted = await run_relay(trusting)
+    finally:
+        await receiver.stop()
+    assert trusted.returncode == 0, trusted.stderr
+    assert trusted.summary["processed"] == 1
+    assert [r.webhook_id for r in receiver.requests] == [str(message_id)]

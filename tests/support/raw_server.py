@@ -1,0 +1,109 @@
+"""A TCP server that speaks whatever bytes a test scripts: broken HTTP, slow HTTP, endless HTTP.
+
+The aiohttp receiver always answers well-formed HTTP; hostile receivers need a raw socket.
+Each answer is a coroutine ``answer(writer, server)`` run after the request has been read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+Answer = Callable[[asyncio.StreamWriter, "RawServer"], Awaitable[None]]
+
+
+class RawServer:
+    def __init__(self, answer: Answer) -> None:
+        self.answer = answer
+        self.port = 0
+        self.requests = 0  # complete requests read
+        self.bytes_sent = 0  # answer bytes the client accepted (written and drained)
+        self.closed_by_client = 0  # answers cut short because the client went away
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> RawServer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def url(self, path: str = "/hook") -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    async def send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        """Write and wait until the client has taken the bytes (raises once it has gone)."""
+        writer.write(data)
+        await writer.drain()
+        self.bytes_sent += len(data)
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = _content_length(head)
+            await reader.readexactly(length)
+            self.requests += 1
+            await self.answer(writer, self)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            self.closed_by_client += 1
+        finally:
+            self._tasks.discard(task)
+            with contextlib.suppress(Exception):
+                writer.transport.abort()
+
+
+def _content_length(head: bytes) -> int:
+    for line in head.split(b"\r\n"):
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+def bytes_answer(data: bytes) -> Answer:
+    """Send ``data`` and close."""
+
+    async def answer(writer: asyncio.StreamWriter, server: RawServer) -> None:
+        await server.send(writer, data)
+
+    return answer
+
+
+def trickle_answer(head: bytes, byte: bytes, interval: float) -> Answer:
+    """Send ``head``, then one ``byte`` every ``interval`` seconds until the client gives up."""
+
+    async def answer(writer: asyncio.StreamWriter, server: RawServer) -> None:
+        await server.send(writer, head)
+        while True:
+            await asyncio.sleep(interval)
+            await server.send(writer, byte)
+
+    return answer
+
+
+def endless_body_answer(status: int, total_bytes: int, chunk: bytes = b"x" * 65536) -> Answer:
+    """A response that announces ``total_bytes`` of body and sends it as fast as it is taken."""
+
+    async def answer(writer: asyncio.StreamWriter, server: RawServer) -> None:
+        await server.send(
+            writer,
+            f"HTTP/1.1 {status} Whatever\r\ncontent-type: text/plain\r\n"
+            f"content-length: {total_bytes}\r\n\r\n".encode(),
+        )
+        left = total_bytes
+        while left > 0:
+            piece = chunk[: min(left, len(chunk))]
+            await server.send(writer, piece)
+            left -= len(piece)
+
+    return answer
