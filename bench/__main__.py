@@ -44,7 +44,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--rounds", type=int, default=3, help="throughput runs per contender")
     add("--concurrency", type=int, default=16, help="HTTP requests in flight, every contender")
     add("--contenders", default=",".join(throughput.CONTENDERS))
-    add("--pgq-max-tasks", type=int, default=200, help="pgqueuer max_concurrent_tasks")
+    add("--pgq-max-tasks", type=int, default=0, help="pgqueuer max_concurrent_tasks (0: unset)")
     add("--latency-rate", type=float, default=200.0, help="offered load, messages per second")
     add("--latency-messages", type=int, default=2_000)
     add("--latency-runs", type=int, default=3)
@@ -111,10 +111,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def config(args: argparse.Namespace) -> dict[str, Any]:
     values = {k: v for k, v in vars(args).items() if k not in ("output_json", "plot")}
     values["batch_size"] = 100
+    max_tasks = args.pgq_max_tasks or "unset (its default)"
     values["pgqueuer"] = (
-        f"QueueManager in drain mode, batch_size=100, max_concurrent_tasks={args.pgq_max_tasks}, "
-        f"entrypoint without concurrency_limit, one asyncpg connection (AsyncpgDriver), "
-        f"shared aiohttp session with {args.concurrency} connections"
+        f"QueueManager(Queries(AsyncpgDriver(one asyncpg connection))), run(mode=drain, "
+        f"batch_size=100, max_concurrent_tasks={max_tasks}), its default dequeue and heartbeat "
+        f"timeouts; entrypoint without concurrency_limit; schema from Queries.install(); "
+        f"entrypoint POSTs job.payload over a shared aiohttp session with {args.concurrency} "
+        f"connections"
     )
     return values
 

@@ -65,13 +65,19 @@ async def wait_for_all(receiver: ReceiverProcess, messages: int, within: float) 
 
 
 def start_consumer(env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    """The hint consumer, once it has its queue, its pool and its session (a warm worker)."""
+    consumer = subprocess.Popen(
         [sys.executable, "-m", "bench.worker", "hints"],
         cwd=ROOT,
         env={**os.environ, **env},
         stdout=subprocess.PIPE,
         text=True,
     )
+    assert consumer.stdout is not None
+    if consumer.stdout.readline().strip() != "ready":
+        consumer.kill()
+        raise RuntimeError("the hint consumer did not start")
+    return consumer
 
 
 async def run_once(

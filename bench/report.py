@@ -221,7 +221,7 @@ def table(doc: dict[str, Any]) -> str:
         "relay_vs_pgqueuer": "relay ÷ pgqueuer",
         "relay_vs_raw": "relay ÷ raw HTTP ceiling",
         "relay_vs_seed": "relay ÷ seed loop",
-        "lease_large_vs_small": "lease time, 1M ÷ 10k finished rows",
+        "lease_large_vs_small": "lease time, large ÷ small table",
         "relay_peak_rss_mb": "relay peak RSS (MB)",
     }
     for key, label in names.items():

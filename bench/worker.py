@@ -175,6 +175,8 @@ async def run_hints(args: argparse.Namespace) -> dict[str, Any]:
     each to ``outbox.triggers.on_hint`` and deletes it; an empty queue is polled again after
     0.1 s, backing off to ``maxPollingInterval`` (2 s). Runs until SIGTERM.
     """
+    from azure.core.exceptions import ResourceExistsError
+
     from outbox import triggers
     from outbox.runtime import close_shared_relay
     from outbox.settings import QueueSettings
@@ -186,6 +188,11 @@ async def run_hints(args: argparse.Namespace) -> dict[str, Any]:
     client = make_queue_client(QueueSettings.load())
     drains, delay = 0, 0.1
     async with client:
+        with contextlib.suppress(ResourceExistsError):
+            await client.create_queue()
+        # A warm worker, as the host keeps one: the first drain opens the pool and the session.
+        await triggers.drain("warm-up")
+        print("ready", flush=True)
         while not stop.is_set():
             message = await client.receive_message(visibility_timeout=30)
             if message is None:
