@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 AZURITE := tools/node_modules/.bin/azurite
 
-.PHONY: run test check clean
+.PHONY: run test check bench bench-smoke clean
 
 run: $(VENV)/.run-deps $(AZURITE)
 	$(BIN)/python -m outbox.local $(RUN_ARGS)
@@ -16,6 +16,15 @@ check: $(VENV)/.dev-deps
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
+
+# The benchmark against its peers (a few minutes; results into docs/benchmarks/). BENCH_ARGS adds options.
+bench: $(VENV)/.bench-deps $(AZURITE)
+	$(BIN)/python -m bench --output-json docs/benchmarks/results.json \
+		--plot docs/benchmarks/results.png $(BENCH_ARGS)
+
+# The same with tiny sizes: checks every contender delivers every message, never timing (CI).
+bench-smoke: $(VENV)/.bench-deps $(AZURITE)
+	$(BIN)/python -m bench --smoke $(BENCH_ARGS)
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11 or newer is needed (set PYTHON=...)"'
@@ -29,6 +38,10 @@ $(VENV)/.run-deps: requirements.txt requirements-local.txt | $(BIN)/python
 $(VENV)/.dev-deps: requirements.txt requirements-local.txt requirements-dev.txt | $(BIN)/python
 	$(BIN)/pip install -q -r requirements-dev.txt
 	touch $@ $(VENV)/.run-deps
+
+$(VENV)/.bench-deps: bench/requirements.txt $(VENV)/.dev-deps
+	$(BIN)/pip install -q -r bench/requirements.txt
+	touch $@
 
 $(AZURITE): tools/package.json tools/package-lock.json
 	npm ci --prefix tools --no-audit --no-fund --loglevel=error

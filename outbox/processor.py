@@ -48,6 +48,9 @@ T = TypeVar("T")
 
 # Batches leased ahead of the one being delivered: one is enough to keep every slot busy.
 MAX_BATCHES_IN_FLIGHT = 2
+# Batches still open (delivering or writing their outcomes). Outcome writes do not hold up the
+# next lease, so a slow commit does not leave the HTTP slots idle; this bounds them.
+MAX_BATCHES_OPEN = 2 * MAX_BATCHES_IN_FLIGHT
 # A delivery starts only if it can time out this long before its lease does.
 LEASE_SAFETY_SECONDS = 1.0
 # Outcome writes are retried this often (the pool replaces a dropped connection in between).
@@ -117,6 +120,8 @@ class OutboxProcessor:
     async def _drain(
         self, summary: DrainSummary, deadline: float, batches: set[asyncio.Task[None]]
     ) -> None:
+        # Batches whose deliveries are still running; each is resolved before its outcome write.
+        delivering: set[asyncio.Future[None]] = set()
         while True:
             if self._stopping:
                 summary.stopped_by = "stopped"
@@ -124,8 +129,9 @@ class OutboxProcessor:
             if time.monotonic() >= deadline:
                 summary.stopped_by = "budget"
                 return
-            if len(batches) >= MAX_BATCHES_IN_FLIGHT:
-                await asyncio.wait(batches, return_when=asyncio.FIRST_COMPLETED)
+            if len(delivering) >= MAX_BATCHES_IN_FLIGHT or len(batches) >= MAX_BATCHES_OPEN:
+                busy = delivering if len(delivering) >= MAX_BATCHES_IN_FLIGHT else batches
+                await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
                 continue
             lease_deadline = time.monotonic() + self._settings.lease_seconds
             batch = await store.lease_batch(
@@ -140,7 +146,12 @@ class OutboxProcessor:
             if batch:
                 summary.leased += len(batch)
                 summary.batches += 1
-                task = asyncio.create_task(self._run_batch(batch, lease_deadline, summary))
+                delivered = asyncio.get_running_loop().create_future()
+                delivering.add(delivered)
+                delivered.add_done_callback(delivering.discard)
+                task = asyncio.create_task(
+                    self._run_batch(batch, lease_deadline, summary, delivered)
+                )
                 batches.add(task)
                 task.add_done_callback(batches.discard)
             if len(batch) < self._settings.batch_size:
@@ -149,13 +160,20 @@ class OutboxProcessor:
                 await _finish(batches)
 
     async def _run_batch(
-        self, batch: list[LeasedMessage], lease_deadline: float, summary: DrainSummary
+        self,
+        batch: list[LeasedMessage],
+        lease_deadline: float,
+        summary: DrainSummary,
+        delivered: asyncio.Future[None],
     ) -> None:
         started: dict[UUID, tuple[datetime, float]] = {}
         deliveries = [asyncio.create_task(self._attempt(m, lease_deadline, started)) for m in batch]
         try:
             await asyncio.wait(deliveries)
         finally:
+            # The drain may lease the next batch while this one writes its outcomes.
+            if not delivered.done():
+                delivered.set_result(None)
             # Also on cancellation: whatever finished is recorded, whatever did not is retried.
             now = datetime.now(UTC)
             records = [

@@ -14,8 +14,7 @@ def sign(keys: Iterable[bytes], message_id: str, timestamp: int, body: bytes) ->
     """The ``webhook-signature`` header value: one space-separated ``v1,`` entry per key."""
     signed = f"{message_id}.{timestamp}.".encode() + body
     return " ".join(
-        "v1," + base64.b64encode(hmac.new(key, signed, hashlib.sha256).digest()).decode()
-        for key in keys
+        "v1," + base64.b64encode(hmac.digest(key, signed, hashlib.sha256)).decode() for key in keys
     )
 
 

@@ -1,0 +1,142 @@
+"""The benchmark: ``python -m bench`` (``make bench``), or ``python -m bench --smoke`` (CI).
+
+Figures, each repeated and reported as a median:
+
+- throughput: raw HTTP ceiling, this relay, pgqueuer and the seed's loop drain the same messages
+  to the same receiver (its own process), interleaved round by round;
+- latency: commit → webhook received at a steady offered load, one drain per wake-up hint;
+- scale: the lease statement with 10k and with 1M finished rows, and its plan;
+- memory: the relay's peak RSS draining a 100k backlog.
+
+The smoke run uses tiny sizes and checks only that every message of every contender arrived.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench import latency, memory, report, scale, throughput
+from bench.common import ReceiverProcess, admin_dsn, log
+
+PHASES = ("throughput", "latency", "scale", "memory")
+SMOKE = {
+    "messages": 500,
+    "rounds": 1,
+    "latency_messages": 60,
+    "latency_runs": 1,
+    "scale_small": 2_000,
+    "scale_large": 20_000,
+    "scale_failed": 2_000,
+    "scale_repeats": 3,
+    "memory_messages": 1_000,
+    "memory_runs": 1,
+}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    add = parser.add_argument
+    add("--messages", type=int, default=20_000, help="messages per throughput run")
+    add("--rounds", type=int, default=3, help="throughput runs per contender")
+    add("--concurrency", type=int, default=16, help="HTTP requests in flight, every contender")
+    add("--contenders", default=",".join(throughput.CONTENDERS))
+    add("--pgq-max-tasks", type=int, default=0, help="pgqueuer max_concurrent_tasks (0: unset)")
+    add("--latency-rate", type=float, default=200.0, help="offered load, messages per second")
+    add("--latency-messages", type=int, default=2_000)
+    add("--latency-runs", type=int, default=3)
+    add("--scale-small", type=int, default=10_000)
+    add("--scale-large", type=int, default=1_000_000)
+    add("--scale-failed", type=int, default=100_000)
+    add("--scale-pending", type=int, default=1_000)
+    add("--scale-repeats", type=int, default=25)
+    add("--memory-messages", type=int, default=100_000)
+    add("--memory-runs", type=int, default=3)
+    add("--skip", default="", help=f"comma-separated phases to skip: {', '.join(PHASES)}")
+    add("--output-json", type=Path, help="write the results here")
+    add("--plot", type=Path, help="write the PNG plot here")
+    add("--smoke", action="store_true", help="tiny sizes, correctness only (for CI)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
+        scratch = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
+        args.output_json = args.output_json or scratch / "results.json"
+        args.plot = args.plot or scratch / "results.png"
+    return args
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    skip = {phase for phase in args.skip.split(",") if phase}
+    results: dict[str, Any] = {}
+    with ReceiverProcess() as receiver:
+        if "throughput" not in skip:
+            options = throughput.Options(
+                messages=args.messages,
+                concurrency=args.concurrency,
+                pgq_max_tasks=args.pgq_max_tasks,
+            )
+            contenders = tuple(args.contenders.split(","))
+            runs = await throughput.measure(receiver, options, args.rounds, contenders)
+            results["throughput"] = report.summarise_throughput(runs)
+        if "latency" not in skip:
+            results["latency"] = await latency.measure(
+                receiver,
+                messages=args.latency_messages,
+                rate=args.latency_rate,
+                runs=args.latency_runs,
+                concurrency=args.concurrency,
+            )
+        if "memory" not in skip:
+            results["memory"] = await memory.measure(
+                receiver,
+                messages=args.memory_messages,
+                runs=args.memory_runs,
+                concurrency=args.concurrency,
+            )
+    if "scale" not in skip:
+        results["scale"] = await scale.measure(
+            small=args.scale_small,
+            large=args.scale_large,
+            failed=args.scale_failed,
+            pending=args.scale_pending,
+            repeats=args.scale_repeats,
+        )
+    return results
+
+
+def config(args: argparse.Namespace) -> dict[str, Any]:
+    values = {k: v for k, v in vars(args).items() if k not in ("output_json", "plot")}
+    values["batch_size"] = 100
+    max_tasks = args.pgq_max_tasks or "unset (its default)"
+    values["pgqueuer"] = (
+        f"QueueManager(Queries(AsyncpgDriver(one asyncpg connection))), run(mode=drain, "
+        f"batch_size=100, max_concurrent_tasks={max_tasks}), its default dequeue and heartbeat "
+        f"timeouts; entrypoint without concurrency_limit; schema from Queries.install(); "
+        f"entrypoint POSTs job.payload over a shared aiohttp session with {args.concurrency} "
+        f"connections"
+    )
+    return values
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    admin_dsn()  # find (or start) the PostgreSQL server before the event loop runs
+    results = asyncio.run(run(args))
+    doc = report.document(config(args), results)
+    if args.output_json:
+        report.write_json(args.output_json, doc)
+        log(f"results: {args.output_json}")
+    if args.plot:
+        report.plot(args.plot, doc)
+        log(f"plot: {args.plot}")
+    print(report.table(doc))
+    if args.smoke:
+        log("smoke run passed: every contender delivered every message")
+
+
+if __name__ == "__main__":
+    main()

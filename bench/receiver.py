@@ -1,0 +1,103 @@
+"""The webhook receiver every contender posts to, run as its own process.
+
+    python -m bench.receiver [--port 0]
+
+Prints ``listening <port>`` once it accepts connections, then answers ``204`` to every POST and
+remembers each request's ``webhook-id`` and arrival time. Requests to ``/latency`` carry the
+producer's commit time in the body (``data.committedAt``, unix seconds) and are turned into a
+latency at arrival; no other body is parsed, so the receiver costs every contender the same.
+
+Control endpoints (for the benchmark driver only):
+``GET /_stats`` → ``{"requests", "distinct", "first", "last", "latencies"}``; ``POST /_reset``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import time
+
+from aiohttp import web
+
+MAX_BODY_BYTES = 1_048_576
+
+
+class Recorder:
+    """What arrived since the last reset."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.ids: list[str] = []
+        self.first = 0.0
+        self.last = 0.0
+        self.latencies: list[float] = []
+
+    async def hook(self, request: web.Request) -> web.Response:
+        await request.read()
+        now = time.time()
+        if not self.ids:
+            self.first = now
+        self.last = now
+        self.ids.append(request.headers.get("webhook-id", ""))
+        return web.Response(status=204)
+
+    async def latency(self, request: web.Request) -> web.Response:
+        body = await request.read()
+        now = time.time()
+        self.latencies.append(now - float(json.loads(body)["data"]["committedAt"]))
+        self.ids.append(request.headers.get("webhook-id", ""))
+        self.last = now
+        return web.Response(status=204)
+
+    async def stats(self, _: web.Request) -> web.Response:
+        return web.json_response(
+            {
+                "requests": len(self.ids),
+                "distinct": len(set(self.ids) - {""}),
+                "first": self.first,
+                "last": self.last,
+                "latencies": self.latencies,
+            }
+        )
+
+    async def clear(self, _: web.Request) -> web.Response:
+        self.reset()
+        return web.Response(status=204)
+
+
+def make_app() -> web.Application:
+    recorder = Recorder()
+    app = web.Application(client_max_size=MAX_BODY_BYTES)
+    app.router.add_get("/_stats", recorder.stats)
+    app.router.add_post("/_reset", recorder.clear)
+    app.router.add_post("/latency", recorder.latency)
+    app.router.add_post("/{tail:.*}", recorder.hook)
+    return app
+
+
+async def serve(port: int) -> None:
+    runner = web.AppRunner(make_app(), access_log=None, shutdown_timeout=0.5)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port, backlog=1024)
+    await site.start()
+    print(f"listening {runner.addresses[0][1]}", flush=True)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.receiver")
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(serve(args.port))
+
+
+if __name__ == "__main__":
+    main()

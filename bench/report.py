@@ -1,0 +1,244 @@
+"""Summaries of a benchmark run: medians, ratios, targets, the JSON document, the plot, a table."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from datetime import UTC, datetime
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from bench.common import median
+
+TARGETS = {
+    "relay_vs_pgqueuer": 1.3,
+    "relay_vs_raw": 0.8,
+    "relay_vs_seed": 5.0,
+    "lease_large_vs_small": 2.0,  # at most
+    "relay_peak_rss_mb": 200.0,  # at most
+}
+LABELS = {
+    "raw": "raw HTTP ceiling",
+    "relay": "outbox-relay",
+    "pgqueuer": "pgqueuer",
+    "seed": "seed loop",
+}
+
+
+def machine() -> dict[str, Any]:
+    model = ""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    packages = {}
+    for name in ("aiohttp", "asyncpg", "pgqueuer"):
+        try:
+            packages[name] = version(name)
+        except PackageNotFoundError:
+            packages[name] = None
+    return {
+        "cores": os.cpu_count(),
+        "cpu": model,
+        "python": platform.python_version(),
+        "system": platform.platform(),
+        "packages": packages,
+    }
+
+
+def summarise_throughput(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    contenders = list(dict.fromkeys(run["contender"] for run in runs))
+    rates = {c: median([r["rate"] for r in runs if r["contender"] == c]) for c in contenders}
+    cpu = {
+        c: {
+            part: median([r["cpu_seconds"][part] for r in runs if r["contender"] == c])
+            for part in ("worker", "receiver", "postgres")
+        }
+        for c in contenders
+    }
+    ratios = {}
+    if "relay" in rates:
+        for other in ("raw", "pgqueuer", "seed"):
+            if other in rates:
+                ratios[f"relay_vs_{other}"] = round(rates["relay"] / rates[other], 3)
+    return {
+        "runs": runs,
+        "median_rate": rates,
+        "ratios": ratios,
+        "per_round_ratios": per_round_ratios(runs),
+        "median_cpu_seconds": cpu,
+    }
+
+
+def per_round_ratios(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """relay ÷ each other contender within each round (the same minutes of the same machine)."""
+    by_round: dict[int, dict[str, float]] = {}
+    for run in runs:
+        by_round.setdefault(run["round"], {})[run["contender"]] = run["rate"]
+    ratios: dict[str, list[float]] = {}
+    for rates in by_round.values():
+        for other in ("raw", "pgqueuer", "seed"):
+            if "relay" in rates and other in rates:
+                ratios.setdefault(f"relay_vs_{other}", []).append(
+                    round(rates["relay"] / rates[other], 3)
+                )
+    return ratios
+
+
+def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    found: dict[str, float] = dict(results.get("throughput", {}).get("ratios", {}))
+    if "scale" in results:
+        found["lease_large_vs_small"] = results["scale"]["ratio"]
+    if "memory" in results:
+        found["relay_peak_rss_mb"] = results["memory"]["peak_rss_mb_median"]
+    verdicts = {}
+    for name, value in found.items():
+        goal = TARGETS[name]
+        at_most = name in ("lease_large_vs_small", "relay_peak_rss_mb")
+        verdicts[name] = {
+            "value": value,
+            "target": f"<= {goal:g}" if at_most else f">= {goal:g}",
+            "met": value <= goal if at_most else value >= goal,
+        }
+    return verdicts
+
+
+def document(config: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "config": config,
+        **results,
+        "targets": targets(results),
+    }
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n", encoding="utf-8")
+
+
+def plot(path: Path, doc: dict[str, Any]) -> None:
+    """One PNG: throughput, latency percentiles, lease time by table size, peak RSS."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    fig.suptitle(
+        f"outbox-relay benchmark, {doc['date'][:10]}, {doc['machine']['cores']} cores "
+        f"(medians; dots are single runs)"
+    )
+    _plot_throughput(axes[0][0], doc)
+    _plot_latency(axes[0][1], doc)
+    _plot_scale(axes[1][0], doc)
+    _plot_memory(axes[1][1], doc)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _plot_throughput(ax: Any, doc: dict[str, Any]) -> None:
+    ax.set_title(f"throughput, {doc['config'].get('messages', 0):,} messages (msg/s)")
+    if "throughput" not in doc:
+        ax.set_axis_off()
+        return
+    rates = doc["throughput"]["median_rate"]
+    names = list(rates)
+    bars = ax.bar([LABELS.get(n, n) for n in names], [rates[n] for n in names], color="#4c78a8")
+    for i, name in enumerate(names):
+        points = [r["rate"] for r in doc["throughput"]["runs"] if r["contender"] == name]
+        ax.scatter([i] * len(points), points, color="black", s=10, zorder=3)
+    ax.bar_label(bars, fmt="%.0f")
+    ax.set_ylabel("messages / s")
+
+
+def _plot_latency(ax: Any, doc: dict[str, Any]) -> None:
+    if "latency" not in doc:
+        ax.set_axis_off()
+        return
+    latency = doc["latency"]
+    ax.set_title(f"commit → webhook received at {latency['rate']:g} msg/s, hint per message")
+    keys = ("p50_ms", "p95_ms", "p99_ms")
+    bars = ax.bar([k[:3] for k in keys], [latency["median"][k] for k in keys], color="#f58518")
+    for i, key in enumerate(keys):
+        points = [run[key] for run in latency["runs"]]
+        ax.scatter([i] * len(points), points, color="black", s=10, zorder=3)
+    ax.bar_label(bars, fmt="%.0f ms")
+    ax.set_ylabel("ms")
+
+
+def _plot_scale(ax: Any, doc: dict[str, Any]) -> None:
+    if "scale" not in doc:
+        ax.set_axis_off()
+        return
+    scale = doc["scale"]
+    ax.set_title(f"lease statement ({scale['batch_size']} rows), by finished rows in the table")
+    sizes = [scale["small"], scale["large"]]
+    bars = ax.bar([s["label"] for s in sizes], [s["lease_ms_median"] for s in sizes])
+    for i, size in enumerate(sizes):
+        ax.scatter([i] * len(size["lease_ms_runs"]), size["lease_ms_runs"], color="black", s=6)
+    ax.bar_label(bars, fmt="%.2f ms")
+    ax.set_ylabel("ms per statement")
+
+
+def _plot_memory(ax: Any, doc: dict[str, Any]) -> None:
+    if "memory" not in doc:
+        ax.set_axis_off()
+        return
+    memory = doc["memory"]
+    ax.set_title(f"relay peak RSS draining {memory['messages']:,} messages")
+    runs = [run["peak_rss_mb"] for run in memory["runs"]]
+    bars = ax.bar(["relay"], [memory["peak_rss_mb_median"]], color="#54a24b", width=0.4)
+    ax.scatter([0] * len(runs), runs, color="black", s=10, zorder=3)
+    ax.axhline(TARGETS["relay_peak_rss_mb"], color="red", linestyle="--", label="target")
+    ax.bar_label(bars, fmt="%.0f MB")
+    ax.set_ylabel("MB")
+    ax.legend()
+
+
+def table(doc: dict[str, Any]) -> str:
+    """The README's short table, in Markdown."""
+    lines = [
+        f"Measured {doc['date'][:10]} on {doc['machine']['cores']} cores "
+        f"({doc['machine']['cpu'] or 'unknown CPU'}), medians of "
+        f"{doc['config'].get('rounds', '?')} runs.",
+        "",
+        "| figure | value | target |",
+        "|---|---|---|",
+    ]
+    if "throughput" in doc:
+        for name, rate in doc["throughput"]["median_rate"].items():
+            lines.append(f"| {LABELS.get(name, name)} | {rate:,.0f} msg/s | |")
+    verdicts = doc["targets"]
+    names = {
+        "relay_vs_pgqueuer": "relay ÷ pgqueuer",
+        "relay_vs_raw": "relay ÷ raw HTTP ceiling",
+        "relay_vs_seed": "relay ÷ seed loop",
+        "lease_large_vs_small": "lease time, large ÷ small table",
+        "relay_peak_rss_mb": "relay peak RSS (MB)",
+    }
+    for key, label in names.items():
+        if key in verdicts:
+            verdict = verdicts[key]
+            mark = "met" if verdict["met"] else "**missed**"
+            lines.append(f"| {label} | {verdict['value']:g} | {verdict['target']} ({mark}) |")
+    if "latency" in doc:
+        m = doc["latency"]["median"]
+        lines.append(
+            f"| latency p50 / p95 / p99 at {doc['latency']['rate']:g} msg/s | "
+            f"{m['p50_ms']:g} / {m['p95_ms']:g} / {m['p99_ms']:g} ms | |"
+        )
+    if "scale" in doc:
+        s = doc["scale"]
+        lines.append(
+            f"| lease statement, {s['small']['label']} / {s['large']['label']} | "
+            f"{s['small']['lease_ms_median']:g} / {s['large']['lease_ms_median']:g} ms | |"
+        )
+    return "\n".join(lines)

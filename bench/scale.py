@@ -1,0 +1,154 @@
+"""Scale: the lease statement with few and with many finished rows in the table.
+
+The same database grows from ``small`` Processed rows to ``large`` Processed plus ``failed``
+Failed rows (written with ``generate_series``, as years of traffic would leave them), always
+with the same ``pending`` due rows. At each size the lease statement (``lease_batch``, batch of
+100) runs ``repeats`` times, each in a transaction that is rolled back so every run leases the
+same rows; its plan is captured with ``EXPLAIN (FORMAT JSON)``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from bench.common import Database, log, median
+from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES
+from outbox.store import QUERIES
+
+DUE_INDEX = "outbox_messages_due_idx"
+BATCH_SIZE = 100
+LEASE_SECONDS = 60.0
+# The lease statement's parameters as the processor binds them by default: batch size, lease,
+# a Failed message holds its ordering key, the payload size limit.
+LEASE_ARGUMENTS = (BATCH_SIZE, LEASE_SECONDS, True, DEFAULT_MAX_PAYLOAD_BYTES)
+
+FILL = """
+INSERT INTO outbox_messages (outbox_message_id, event_type, payload, status, attempt_count,
+                             next_attempt_at, processed_at, last_error, created_at)
+SELECT gen_random_uuid(), 'OrderPlaced', jsonb_build_object('orderId', g, 'total', '19.99'),
+       $2, CASE WHEN $2 = 'Failed' THEN 10 WHEN $2 = 'Pending' THEN 0 ELSE 1 END,
+       now() - interval '30 days' + g * interval '1 ms',
+       CASE WHEN $2 = 'Processed' THEN now() - interval '30 days' + g * interval '1 ms' END,
+       CASE WHEN $2 = 'Failed' THEN 'gave up after 10 attempts: HTTP 500' END,
+       now() - interval '31 days' + g * interval '1 ms'
+FROM generate_series(1, $1) AS g
+"""
+
+
+async def fill(conn: Any, count: int, status: str) -> None:
+    if count > 0:
+        await conn.execute(FILL, count, status)
+
+
+def plan_nodes(plan: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every node of an ``EXPLAIN (FORMAT JSON)`` plan, depth first."""
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from plan_nodes(child)
+
+
+def scans(explained: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    """``(node type, relation, index)`` of every scan in an EXPLAIN JSON document."""
+    return [
+        (node["Node Type"], node.get("Relation Name", ""), node.get("Index Name", ""))
+        for node in plan_nodes(explained[0]["Plan"])
+        if "Scan" in node["Node Type"]
+    ]
+
+
+async def explain(conn: Any, *, analyze: bool = False) -> list[dict[str, Any]]:
+    options = "ANALYZE, BUFFERS, FORMAT JSON" if analyze else "FORMAT JSON"
+    tx = conn.transaction()
+    await tx.start()
+    try:
+        text = await conn.fetchval(
+            f"EXPLAIN ({options}) {QUERIES['lease_batch']}", *LEASE_ARGUMENTS
+        )
+    finally:
+        await tx.rollback()
+    document: list[dict[str, Any]] = json.loads(text) if isinstance(text, str) else text
+    return document
+
+
+async def time_lease(conn: Any, repeats: int) -> list[float]:
+    """Milliseconds per lease statement (round trip included), each run rolled back."""
+    timings = []
+    for _ in range(repeats):
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            started = time.perf_counter()
+            rows = await conn.fetch(QUERIES["lease_batch"], *LEASE_ARGUMENTS)
+            timings.append(1000 * (time.perf_counter() - started))
+        finally:
+            await tx.rollback()
+        if len(rows) != BATCH_SIZE:
+            raise AssertionError(f"scale: the lease returned {len(rows)} rows, not {BATCH_SIZE}")
+    return timings
+
+
+async def measure_size(
+    conn: Any, label: str, repeats: int, *, must_not_scan_table: bool
+) -> dict[str, Any]:
+    await conn.execute("VACUUM ANALYZE outbox_messages")
+    counts = {
+        row["status"]: row["n"]
+        for row in await conn.fetch(
+            "SELECT status, count(*) AS n FROM outbox_messages GROUP BY status"
+        )
+    }
+    plan = await explain(conn)
+    used = scans(plan)
+    if not any(index == DUE_INDEX for _, _, index in used):
+        raise AssertionError(f"scale ({label}): the lease does not use {DUE_INDEX}: {used}")
+    # On a small table joining the leased ids back by a sequential scan is the cheaper plan;
+    # on a large one it would read every finished row.
+    if must_not_scan_table and ("Seq Scan", "outbox_messages", "") in used:
+        raise AssertionError(f"scale ({label}): the lease reads the whole table: {used}")
+    analyzed = await explain(conn, analyze=True)
+    timings = await time_lease(conn, repeats)
+    result = {
+        "label": label,
+        "rows": counts,
+        "lease_ms_median": round(median(timings), 3),
+        "lease_ms_runs": [round(t, 3) for t in timings],
+        "execution_ms": analyzed[0]["Execution Time"],
+        "scans": [list(scan) for scan in used],
+        "plan": plan,
+    }
+    log(f"scale {label}: lease {result['lease_ms_median']:.2f} ms (median of {repeats}) {counts}")
+    return result
+
+
+async def measure(
+    *, small: int, large: int, failed: int, pending: int, repeats: int
+) -> dict[str, Any]:
+    async with Database("scale") as db:
+        await db.migrate()
+        conn = await db.connect()
+        try:
+            await fill(conn, pending, "Pending")
+            await fill(conn, small, "Processed")
+            few = await measure_size(
+                conn, f"{small:,} Processed", repeats, must_not_scan_table=False
+            )
+            await fill(conn, large - small, "Processed")
+            await fill(conn, failed, "Failed")
+            many = await measure_size(
+                conn,
+                f"{large:,} Processed + {failed:,} Failed",
+                repeats,
+                must_not_scan_table=True,
+            )
+        finally:
+            await conn.close()
+    return {
+        "pending": pending,
+        "batch_size": BATCH_SIZE,
+        "small": few,
+        "large": many,
+        "ratio": round(many["lease_ms_median"] / few["lease_ms_median"], 2),
+    }

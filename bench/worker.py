@@ -1,0 +1,270 @@
+"""One contender's drain, in a process of its own (started by the benchmark driver).
+
+    python -m bench.worker {raw,relay,pgqueuer,seed,hints} --database-url … --url … [options]
+
+Prints one JSON object on stdout: the contender's own view of the run (``wall_seconds`` where it
+has one, ``peak_rss_mb`` of this process, and details), so every contender starts from a fresh
+interpreter and its memory is its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import resource
+import signal
+import sys
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, nullcontext
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+
+from bench.common import body, relay_settings
+from outbox import store
+from outbox.outcomes import classify
+from outbox.publisher import Publisher, make_session
+from outbox.runtime import Relay
+
+# The seed design's per-row outcome write (one statement per message).
+SEED_RECORD = """
+UPDATE outbox_messages
+SET status = $3,
+    next_attempt_at = CASE WHEN $3 = 'Pending' THEN now() + make_interval(secs => $4)
+                           ELSE next_attempt_at END,
+    processed_at = CASE WHEN $3 = 'Processed' THEN now() END,
+    lease_expires_at = NULL,
+    last_error = $5
+WHERE outbox_message_id = $1 AND lease_token = $2
+"""
+PGQ_ENTRYPOINT = "webhook"
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(user, system) CPU seconds of this process so far."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime, usage.ru_stime
+
+
+def plain_session(concurrency: int) -> aiohttp.ClientSession:
+    """A keep-alive session with ``concurrency`` connections, as the relay's own."""
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=concurrency, limit_per_host=0),
+        timeout=aiohttp.ClientTimeout(total=10),
+    )
+
+
+async def post(session: aiohttp.ClientSession, url: str, webhook_id: str, data: bytes) -> None:
+    headers = {"content-type": "application/json", "webhook-id": webhook_id}
+    async with session.post(url, data=data, headers=headers) as response:
+        await response.read()
+        if response.status >= 300:
+            raise RuntimeError(f"receiver answered {response.status}")
+
+
+async def run_raw(args: argparse.Namespace) -> dict[str, Any]:
+    """The ceiling: the same bodies POSTed by ``concurrency`` loops, no database at all."""
+    bodies: Iterator[tuple[str, bytes]] = iter([body(i) for i in range(args.messages)])
+
+    async def loop(session: aiohttp.ClientSession) -> None:
+        for webhook_id, data in bodies:
+            await post(session, args.url, webhook_id, data)
+
+    async with plain_session(args.concurrency) as session:
+        started = time.monotonic()
+        await asyncio.gather(*(loop(session) for _ in range(args.concurrency)))
+        wall = time.monotonic() - started
+    return {"wall_seconds": wall}
+
+
+async def run_relay(args: argparse.Namespace) -> dict[str, Any]:
+    """The relay as the triggers run it: ``Relay.open(settings)``, ``processor.execute()``."""
+    settings = relay_settings(args.database_url, args.url, args.concurrency)
+    async with await Relay.open(settings) as relay:
+        started = time.monotonic()
+        summary = await relay.processor.execute()
+        wall = time.monotonic() - started
+    if summary.error or summary.processed != args.messages:
+        raise RuntimeError(f"relay drain incomplete: {summary.as_dict()}")
+    return {"wall_seconds": wall, "summary": summary.as_dict()}
+
+
+async def run_seed(args: argparse.Namespace) -> dict[str, Any]:
+    """The seed's loop: lease 100, POST each in turn, UPDATE each row on its own."""
+    import asyncpg
+
+    settings = relay_settings(args.database_url, args.url, args.concurrency)
+    conn = await asyncpg.connect(args.database_url)
+    session = make_session(settings)
+    publisher = Publisher.from_settings(session, settings)
+    delivered = 0
+    try:
+        started = time.monotonic()
+        while batch := await store.lease_batch(conn, 100, settings.lease_seconds):
+            for message in batch:
+                outcome = classify(
+                    await publisher.deliver(message),
+                    attempt=message.attempt,
+                    max_attempts=settings.max_attempts,
+                    now=datetime.now(UTC),
+                )
+                await conn.execute(
+                    SEED_RECORD,
+                    message.message_id,
+                    message.lease_token,
+                    str(outcome.status),
+                    outcome.delay_seconds,
+                    outcome.error,
+                )
+                delivered += 1
+        wall = time.monotonic() - started
+    finally:
+        await session.close()
+        await conn.close()
+    return {"wall_seconds": wall, "delivered": delivered}
+
+
+async def run_pgqueuer(args: argparse.Namespace) -> dict[str, Any]:
+    """One pgqueuer QueueManager in drain mode; its entrypoint POSTs the job's payload."""
+    import asyncpg
+    from pgqueuer import AsyncpgDriver, Job, Queries, QueueManager
+    from pgqueuer.domain.types import QueueExecutionMode
+
+    conn = await asyncpg.connect(args.database_url)
+    session = plain_session(args.concurrency)
+    qm = QueueManager(Queries(AsyncpgDriver(conn)))
+    failures: list[str] = []
+
+    @qm.entrypoint(PGQ_ENTRYPOINT, concurrency_limit=args.pgq_entrypoint_limit)
+    async def webhook(job: Job) -> None:
+        assert job.payload is not None
+        try:
+            await post(session, args.url, str(job.id), job.payload)
+        except Exception as exc:
+            failures.append(f"{type(exc).__name__}: {exc}")
+            raise
+
+    try:
+        started = time.monotonic()
+        await qm.run(
+            batch_size=args.batch_size,
+            mode=QueueExecutionMode.drain,
+            max_concurrent_tasks=args.pgq_max_tasks or None,
+        )
+        wall = time.monotonic() - started
+    finally:
+        await session.close()
+        await conn.close()
+    if failures:
+        raise RuntimeError(f"{len(failures)} pgqueuer jobs failed, first: {failures[0]}")
+    return {"wall_seconds": wall}
+
+
+async def run_hints(args: argparse.Namespace) -> dict[str, Any]:
+    """A stand-in for the Functions host's queue trigger: one drain per wake-up hint.
+
+    Receives hints from the Azurite queue one at a time (``batchSize: 1`` in host.json), hands
+    each to ``outbox.triggers.on_hint`` and deletes it; an empty queue is polled again after
+    0.1 s, backing off to ``maxPollingInterval`` (2 s). Runs until SIGTERM.
+    """
+    from azure.core.exceptions import ResourceExistsError
+
+    from outbox import triggers
+    from outbox.runtime import close_shared_relay
+    from outbox.settings import QueueSettings
+    from outbox.wakeup import make_queue_client
+
+    stop = asyncio.Event()
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
+    # The queue from the environment, base64-decoded: what the host's queue trigger reads.
+    client = make_queue_client(QueueSettings.load())
+    drains, delay = 0, 0.1
+    async with client:
+        with contextlib.suppress(ResourceExistsError):
+            await client.create_queue()
+        # A warm worker, as the host keeps one: the first drain opens the pool and the session.
+        await triggers.drain("warm-up")
+        print("ready", flush=True)
+        while not stop.is_set():
+            message = await client.receive_message(visibility_timeout=30)
+            if message is None:
+                await _wait(stop, delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            delay = 0.1
+            await triggers.on_hint(
+                message.content.encode(), message_id=message.id, dequeue_count=message.dequeue_count
+            )
+            drains += 1
+            await client.delete_message(message)
+    await close_shared_relay()
+    return {"drains": drains}
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(event.wait(), seconds)
+
+
+RUNNERS: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] = {
+    "raw": run_raw,
+    "relay": run_relay,
+    "pgqueuer": run_pgqueuer,
+    "seed": run_seed,
+    "hints": run_hints,
+}
+
+
+def profiler(path: str | None) -> AbstractContextManager[Any]:
+    """pyinstrument around the run when ``--profile FILE.html`` is given."""
+    if not path:
+        return nullcontext()
+    from pyinstrument import Profiler
+
+    class _Profile(AbstractContextManager[Any]):
+        def __enter__(self) -> Any:
+            self.profiler = Profiler(async_mode="enabled")
+            self.profiler.start()
+            return self.profiler
+
+        def __exit__(self, *_: object) -> None:
+            self.profiler.stop()
+            with open(path, "w", encoding="utf-8") as out:
+                out.write(self.profiler.output_html())
+
+    return _Profile()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.worker")
+    parser.add_argument("contender", choices=sorted(RUNNERS))
+    parser.add_argument("--database-url", default="")
+    parser.add_argument("--url", default="", help="where to POST")
+    parser.add_argument("--messages", type=int, default=0)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--pgq-max-tasks", type=int, default=0)
+    parser.add_argument("--pgq-entrypoint-limit", type=int, default=0)
+    parser.add_argument("--profile", help="write a pyinstrument HTML profile here")
+    args = parser.parse_args(argv)
+    cpu_at_start = cpu_seconds()
+    with profiler(args.profile):
+        result = asyncio.run(RUNNERS[args.contender](args))
+    user, system = (end - start for end, start in zip(cpu_seconds(), cpu_at_start, strict=True))
+    result["cpu_seconds"] = round(user + system, 2)
+    result["cpu_user_seconds"] = round(user, 2)
+    result["peak_rss_mb"] = round(peak_rss_mb(), 1)
+    json.dump(result, sys.stdout)
+    print(flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,60 @@
+"""The lease statement's plan: finished rows must never be scanned, however many accumulate."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+from outbox.store import QUERIES
+
+DUE_INDEX = "outbox_messages_due_idx"
+
+# Years of traffic in one statement: finished rows older than the due ones, as they would be.
+FILL = """
+INSERT INTO outbox_messages (outbox_message_id, event_type, payload, status, attempt_count,
+                             next_attempt_at, processed_at, last_error, created_at)
+SELECT gen_random_uuid(), 'OrderCompleted', jsonb_build_object('orderId', g), $2,
+       CASE WHEN $2 = 'Pending' THEN 0 ELSE 1 END,
+       now() - interval '30 days' + g * interval '1 ms',
+       CASE WHEN $2 = 'Processed' THEN now() - interval '30 days' END,
+       CASE WHEN $2 = 'Failed' THEN 'gave up after 10 attempts: HTTP 500' END,
+       now() - interval '31 days' + g * interval '1 ms'
+FROM generate_series(1, $1) AS g
+"""
+
+# Batch size, lease seconds, hold on failure, payload limit: as the processor binds them.
+LEASE_ARGUMENTS = (100, 60.0, True, 1_048_576)
+
+
+def scans(plan: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
+    """``(node type, relation, index)`` for every scan node of a plan, depth first."""
+    if "Scan" in plan["Node Type"]:
+        yield plan["Node Type"], plan.get("Relation Name", ""), plan.get("Index Name", "")
+    for child in plan.get("Plans", []):
+        yield from scans(child)
+
+
+async def lease_plan(db: Any) -> list[tuple[str, str, str]]:
+    raw = await db.fetchval(f"EXPLAIN (FORMAT JSON) {QUERIES['lease_batch']}", *LEASE_ARGUMENTS)
+    document = json.loads(raw) if isinstance(raw, str) else raw
+    return list(scans(document[0]["Plan"]))
+
+
+async def test_the_lease_reads_only_the_partial_index_among_many_finished_rows(db: Any) -> None:
+    await db.execute(FILL, 200_000, "Processed")
+    await db.execute(FILL, 20_000, "Failed")
+    await db.execute(FILL, 500, "Pending")
+    await db.execute("ANALYZE outbox_messages")
+
+    used = await lease_plan(db)
+
+    assert any(index == DUE_INDEX for _, _, index in used), used
+    assert not [s for s in used if s[0] == "Seq Scan" and s[1] == "outbox_messages"], used
+    # The plan is not only chosen but right: it leases the oldest due rows, and only those.
+    oldest = await db.fetch(
+        "SELECT outbox_message_id FROM outbox_messages WHERE status = 'Pending' "
+        "ORDER BY next_attempt_at, created_at LIMIT 100"
+    )
+    leased = await db.fetch(QUERIES["lease_batch"], *LEASE_ARGUMENTS)
+    assert {r["outbox_message_id"] for r in leased} == {r["outbox_message_id"] for r in oldest}
