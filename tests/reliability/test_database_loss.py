@@ -43,14 +43,6 @@ async def observer(database_url: str) -> AsyncIterator[Any]:
     await conn.close()
 
 
-@pytest.fixture
-async def proxy(database_url: str) -> AsyncIterator[TcpProxy]:
-    parts = urlsplit(database_url)
-    server = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
-    yield server
-    await server.stop()
-
-
 def through(proxy: TcpProxy, database_url: str) -> str:
     """``database_url`` routed through ``proxy``, with a password that must never be shown."""
     parts = urlsplit(database_url)

@@ -56,14 +56,6 @@ def assert_no_secret(where: str, text: str) -> None:
 
 
 @pytest.fixture
-async def proxy(database_url: str) -> AsyncIterator[TcpProxy]:
-    parts = urlsplit(database_url)
-    server = await TcpProxy(parts.hostname or "127.0.0.1", parts.port or 5432).start()
-    yield server
-    await server.stop()
-
-
-@pytest.fixture
 async def broken_receiver() -> AsyncIterator[RawServer]:
     server = await RawServer(bytes_answer(b"not http at all\r\n\r\n")).start()
     yield server
