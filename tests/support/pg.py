@@ -53,14 +53,19 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:10]}"
 
 
+async def admin_execute(admin: str, statement: str) -> None:
+    """Run one statement (CREATE/DROP DATABASE) on the server's admin connection."""
+    conn = await asyncpg.connect(admin)
+    try:
+        await conn.execute(statement)
+    finally:
+        await conn.close()
+
+
 async def create_template(admin: str) -> str:
     """A migrated database to copy per test; returns its name."""
     name = unique_name("outbox_tpl")
-    conn = await asyncpg.connect(admin)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}"')
-    finally:
-        await conn.close()
+    await admin_execute(admin, f'CREATE DATABASE "{name}"')
     target = await asyncpg.connect(with_database(admin, name))
     try:
         await migrate(target)
@@ -71,17 +76,9 @@ async def create_template(admin: str) -> str:
 
 async def create_copy(admin: str, template: str) -> str:
     name = unique_name("outbox_t")
-    conn = await asyncpg.connect(admin)
-    try:
-        await conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
-    finally:
-        await conn.close()
+    await admin_execute(admin, f'CREATE DATABASE "{name}" TEMPLATE "{template}"')
     return name
 
 
 async def drop(admin: str, name: str) -> None:
-    conn = await asyncpg.connect(admin)
-    try:
-        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    finally:
-        await conn.close()
+    await admin_execute(admin, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
