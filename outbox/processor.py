@@ -2,8 +2,9 @@
 
 ``execute()`` drains: it leases batches until nothing is due or its time budget is spent. The next
 batch is leased while the current one is still being delivered, so the HTTP slots stay busy.
-Each batch's outcomes are written in one statement, fenced by the lease token, and shielded from
-cancellation.
+``OUTBOX_CONCURRENCY`` delivery loops, started once per run, take the leased messages in order
+(no task per message). Each batch's outcomes are written in one statement, fenced by the lease
+token, and shielded from cancellation.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
-from uuid import UUID
 
 import asyncpg
 
@@ -70,6 +71,37 @@ DATABASE_ERRORS: tuple[type[BaseException], ...] = (
 Deliver = Callable[[LeasedMessage], Awaitable[DeliveryResult]]
 
 
+@dataclass(eq=False)
+class _Batch:
+    """One leased batch while its messages are delivered by the run's delivery loops."""
+
+    messages: list[LeasedMessage]
+    lease_deadline: float
+    # Resolved when every message has an attempt (or the batch is abandoned on cancellation).
+    delivered: asyncio.Future[None]
+    # Per message: its attempt, the exception that escaped it, or None (not finished).
+    attempts: list[Attempt | Exception | None] = field(init=False)
+    # Per message: when its request started (wall clock, monotonic), or None (not started).
+    started: list[tuple[datetime, float] | None] = field(init=False)
+    remaining: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.attempts = [None] * len(self.messages)
+        self.started = [None] * len(self.messages)
+        self.remaining = len(self.messages)
+
+    def settle(self, index: int, attempt: Attempt | Exception | None) -> None:
+        if attempt is not None:
+            self.attempts[index] = attempt
+        self.remaining -= 1
+        if self.remaining == 0 and not self.delivered.done():
+            self.delivered.set_result(None)
+
+
+# A message waiting for a delivery loop: its batch and its index there.
+_Work = tuple[_Batch, int]
+
+
 class OutboxProcessor:
     """Drains the outbox: shared by the queue, timer and HTTP triggers (and ``outbox serve``)."""
 
@@ -103,22 +135,33 @@ class OutboxProcessor:
         started = time.monotonic()
         budget = min(budget_seconds or self._settings.run_budget_seconds, 3600.0)
         batches: set[asyncio.Task[None]] = set()
+        work: asyncio.Queue[_Work] = asyncio.Queue()
+        loops = [
+            asyncio.create_task(self._deliver_loop(work)) for _ in range(self._settings.concurrency)
+        ]
         try:
-            await self._drain(summary, started + budget, batches)
+            await self._drain(summary, started + budget, batches, work)
         except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
             self._report_database_error(summary, exc)
         except asyncio.CancelledError:
             # Interrupt the deliveries; each batch still records what it has (shielded).
-            for task in batches:
+            for task in (*batches, *loops):
                 task.cancel()
             raise
         finally:
             await _finish(batches)
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
             summary.duration_seconds = time.monotonic() - started
         return summary
 
     async def _drain(
-        self, summary: DrainSummary, deadline: float, batches: set[asyncio.Task[None]]
+        self,
+        summary: DrainSummary,
+        deadline: float,
+        batches: set[asyncio.Task[None]],
+        work: asyncio.Queue[_Work],
     ) -> None:
         # Batches whose deliveries are still running; each is resolved before its outcome write.
         delivering: set[asyncio.Future[None]] = set()
@@ -134,84 +177,75 @@ class OutboxProcessor:
                 await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
                 continue
             lease_deadline = time.monotonic() + self._settings.lease_seconds
-            batch = await store.lease_batch(
+            leased = await store.lease_batch(
                 self._pool,
                 self._settings.batch_size,
                 self._settings.lease_seconds,
                 hold_on_failure=self._settings.ordering_on_failure == "hold",
                 max_payload_bytes=self._settings.max_payload_bytes,
             )
-            if not batch and not batches:
+            if not leased and not batches:
                 return
-            if batch:
-                summary.leased += len(batch)
+            if leased:
+                summary.leased += len(leased)
                 summary.batches += 1
-                delivered = asyncio.get_running_loop().create_future()
-                delivering.add(delivered)
-                delivered.add_done_callback(delivering.discard)
-                task = asyncio.create_task(
-                    self._run_batch(batch, lease_deadline, summary, delivered)
-                )
+                batch = _Batch(leased, lease_deadline, asyncio.get_running_loop().create_future())
+                delivering.add(batch.delivered)
+                batch.delivered.add_done_callback(delivering.discard)
+                for index in range(len(leased)):
+                    work.put_nowait((batch, index))
+                task = asyncio.create_task(self._run_batch(batch, summary))
                 batches.add(task)
                 task.add_done_callback(batches.discard)
-            if len(batch) < self._settings.batch_size:
+            if len(leased) < self._settings.batch_size:
                 # Caught up: let the in-flight batches finish (their retries may come due), then
                 # lease once more; the run ends on an empty lease with nothing in flight.
                 await _finish(batches)
 
-    async def _run_batch(
-        self,
-        batch: list[LeasedMessage],
-        lease_deadline: float,
-        summary: DrainSummary,
-        delivered: asyncio.Future[None],
-    ) -> None:
-        started: dict[UUID, tuple[datetime, float]] = {}
-        deliveries = [asyncio.create_task(self._attempt(m, lease_deadline, started)) for m in batch]
+    async def _deliver_loop(self, work: asyncio.Queue[_Work]) -> None:
+        """One of the run's delivery loops: leased messages one at a time, in lease order."""
+        while True:
+            batch, index = await work.get()
+            attempt: Attempt | Exception | None = None
+            try:
+                attempt = await self._attempt(batch, index)
+            except Exception as exc:  # noqa: BLE001 - unexpected: becomes this message's outcome
+                attempt = exc
+            finally:
+                # Also on cancellation (attempt None): the batch records it as interrupted.
+                batch.settle(index, attempt)
+
+    async def _run_batch(self, batch: _Batch, summary: DrainSummary) -> None:
         try:
-            await asyncio.wait(deliveries)
+            await asyncio.shield(batch.delivered)
         finally:
             # The drain may lease the next batch while this one writes its outcomes.
-            if not delivered.done():
-                delivered.set_result(None)
+            if not batch.delivered.done():
+                batch.delivered.set_result(None)
             # Also on cancellation: whatever finished is recorded, whatever did not is retried.
             now = datetime.now(UTC)
-            records = [
-                self._outcome(message, task, started.get(message.message_id), now)
-                for message, task in zip(batch, deliveries, strict=True)
-            ]
+            records = [self._outcome(batch, index, now) for index in range(len(batch.messages))]
             await shielded(self._record(records, summary))
 
-    async def _attempt(
-        self,
-        message: LeasedMessage,
-        lease_deadline: float,
-        started: dict[UUID, tuple[datetime, float]],
-    ) -> Attempt:
+    async def _attempt(self, batch: _Batch, index: int) -> Attempt:
         async with self._slots:
             now = datetime.now(UTC)
             if self._stopping:
                 return Attempt(NotAttempted("relay stopping"), now, 0)
-            remaining = lease_deadline - time.monotonic()
-            if remaining < self._settings.http_timeout_seconds + LEASE_SAFETY_SECONDS:
+            started = time.monotonic()
+            if (
+                batch.lease_deadline - started
+                < self._settings.http_timeout_seconds + LEASE_SAFETY_SECONDS
+            ):
                 return Attempt(NotAttempted("lease too short to finish a delivery"), now, 0)
-            started[message.message_id] = (now, time.monotonic())
-            result = await self._deliver(message)
-            elapsed = time.monotonic() - started[message.message_id][1]
-            return Attempt(result, now, round(elapsed * 1000))
+            batch.started[index] = (now, started)
+            result = await self._deliver(batch.messages[index])
+            return Attempt(result, now, round((time.monotonic() - started) * 1000))
 
-    def _outcome(
-        self,
-        message: LeasedMessage,
-        task: asyncio.Task[Attempt],
-        started: tuple[datetime, float] | None,
-        now: datetime,
-    ) -> Recorded:
-        if task.done() and not task.cancelled() and task.exception() is None:
-            attempt = task.result()
-        else:
-            task.cancel()
-            attempt = self._broken_attempt(task, started, now)
+    def _outcome(self, batch: _Batch, index: int, now: datetime) -> Recorded:
+        message, attempt = batch.messages[index], batch.attempts[index]
+        if not isinstance(attempt, Attempt):
+            attempt = self._broken_attempt(attempt, batch.started[index], now)
         outcome = classify(
             attempt.result,
             attempt=message.attempt,
@@ -221,12 +255,12 @@ class OutboxProcessor:
         return Recorded(message, outcome, attempt)
 
     def _broken_attempt(
-        self, task: asyncio.Task[Attempt], started: tuple[datetime, float] | None, now: datetime
+        self, error: Exception | None, started: tuple[datetime, float] | None, now: datetime
     ) -> Attempt:
         """An attempt that did not return: interrupted, or failed in an unexpected way."""
-        if task.done() and not task.cancelled() and (exc := task.exception()) is not None:
-            name = type(exc).__name__
-            result = TransportError(self._redact(f"unexpected {name}: {exc}"), name)
+        if error is not None:
+            name = type(error).__name__
+            result = TransportError(self._redact(f"unexpected {name}: {error}"), name)
         else:
             # The request may have reached the receiver: count the attempt and retry later.
             result = TransportError("delivery interrupted before it completed", "Interrupted")

@@ -277,6 +277,32 @@ async def test_outcomes_of_a_batch_are_written_in_one_statement(
     assert [name for name, _ in pool.calls].count("lease_batch") == 4  # the last one finds nothing
 
 
+async def test_an_exception_escaping_a_delivery_is_recorded_and_the_rest_still_delivered(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    ids = await seed(db, 5)
+    settings = make_settings(concurrency=2)
+    async with open_relay(settings) as relay:
+        publish = Publisher.from_settings(relay.session, settings).deliver
+
+        async def deliver(message: Any) -> Any:
+            if message.message_id == ids[1]:
+                raise RuntimeError(f"bug while sending with {SECRET}")
+            return await publish(message)
+
+        processor = OutboxProcessor(relay.pool, deliver, settings)
+        summary = await processor.execute()
+    # The delivery loop that met the exception went on: every other message was delivered.
+    assert (summary.processed, summary.retried) == (4, 1)
+    assert sorted(r.webhook_id for r in receiver.to("/orders")) == sorted(
+        str(i) for i in ids if i != ids[1]
+    )
+    broken = await row(db, ids[1])
+    assert (broken["status"], broken["attempt_count"]) == ("Pending", 1)
+    assert broken["last_error"].startswith("unexpected RuntimeError: bug while sending with ")
+    assert SECRET not in broken["last_error"]
+
+
 async def test_an_expired_lease_is_released_to_another_worker(
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
