@@ -71,7 +71,48 @@ def summarise_throughput(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "ratios": ratios,
         "per_round_ratios": per_round_ratios(runs),
         "median_cpu_seconds": cpu,
+        "cpu_bounds": cpu_bounds(runs, rates, os.cpu_count() or 1),
     }
+
+
+def cpu_bounds(runs: list[dict[str, Any]], rates: dict[str, float], cores: int) -> dict[str, Any]:
+    """What the CPU the processes used allows: no rate exceeds cores ÷ CPU seconds per message.
+
+    Every process of a run (contender, receiver, PostgreSQL) shares this machine's cores, so a
+    contender that needs ``c`` CPU seconds per message in all of them together cannot go faster
+    than ``cores / c`` messages per second, however well it overlaps its work.
+    """
+    per_message = {
+        c: {
+            part: median(
+                [r["cpu_seconds"][part] / r["messages"] for r in runs if r["contender"] == c]
+            )
+            * 1e6
+            for part in ("worker", "receiver", "postgres")
+        }
+        for c in rates
+    }
+    bounds: dict[str, Any] = {
+        "cores": cores,
+        "cpu_us_per_message": {
+            c: {part: round(us, 1) for part, us in parts.items()}
+            for c, parts in per_message.items()
+        },
+    }
+    if "relay" in per_message:
+        relay_bound = cores / (sum(per_message["relay"].values()) / 1e6)
+        bounds["relay_max_rate"] = round(relay_bound)
+        for other in ("raw", "seed"):
+            if other in rates:
+                bounds[f"relay_max_vs_{other}"] = round(relay_bound / rates[other], 3)
+    if "relay" in per_message and "raw" in per_message:
+        # A relay whose own process cost no more than the raw client, sending the same requests
+        # (so the receiver's share is the raw run's) and doing this run's database work.
+        raw, relay = per_message["raw"], per_message["relay"]
+        ideal = cores / ((raw["worker"] + raw["receiver"] + relay["postgres"]) / 1e6)
+        bounds["ideal_relay_max_rate"] = round(ideal)
+        bounds["ideal_relay_max_vs_raw"] = round(ideal / rates["raw"], 3)
+    return bounds
 
 
 def per_round_ratios(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
@@ -229,6 +270,19 @@ def table(doc: dict[str, Any]) -> str:
             verdict = verdicts[key]
             mark = "met" if verdict["met"] else "**missed**"
             lines.append(f"| {label} | {verdict['value']:g} | {verdict['target']} ({mark}) |")
+    bounds = doc.get("throughput", {}).get("cpu_bounds", {})
+    if "relay_max_rate" in bounds:
+        vs_raw, vs_seed = bounds.get("relay_max_vs_raw", 0), bounds.get("relay_max_vs_seed", 0)
+        lines.append(
+            f"| CPU bound: relay as measured, every core busy | "
+            f"{bounds['relay_max_rate']:,} msg/s (÷ raw {vs_raw:g}, ÷ seed {vs_seed:g}) | |"
+        )
+    if "ideal_relay_max_rate" in bounds:
+        ideal, ideal_vs_raw = bounds["ideal_relay_max_rate"], bounds["ideal_relay_max_vs_raw"]
+        lines.append(
+            f"| CPU bound: relay costing no more than the raw client, plus its database work | "
+            f"{ideal:,} msg/s (÷ raw {ideal_vs_raw:g}) | |"
+        )
     if "latency" in doc:
         m = doc["latency"]["median"]
         lines.append(
