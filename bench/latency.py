@@ -32,11 +32,14 @@ from bench.common import (
     payload,
     percentile,
 )
-from outbox.settings import QueueSettings
+from outbox.runtime import Relay
+from outbox.settings import QueueSettings, Settings
 from outbox.wakeup import WakeUpQueue
 from tests.support.azurite import Azurite
 
 QUEUE_NAME = "outbox-wakeup"
+# Nothing new at the receiver for this long after the last commit: the rest lost their hints.
+HINT_PATH_QUIET_SECONDS = 10.0
 
 
 async def produce(pool: Any, queue: WakeUpQueue, i: int) -> None:
@@ -62,6 +65,32 @@ async def wait_for_all(receiver: ReceiverProcess, messages: int, within: float) 
         if time.monotonic() > deadline:
             raise AssertionError(f"latency: not every message arrived within {within:g}s")
         await asyncio.sleep(0.2)
+
+
+async def wait_for_hint_path(receiver: ReceiverProcess, messages: int, quiet: float) -> int:
+    """Wait until every message arrived or none has for ``quiet`` s; the requests seen so far."""
+    seen, last_change = -1, time.monotonic()
+    while True:
+        stats = await receiver.stats()
+        if stats.distinct >= messages:
+            return stats.requests
+        if stats.requests != seen:
+            seen, last_change = stats.requests, time.monotonic()
+        elif time.monotonic() - last_change > quiet:
+            return stats.requests
+        await asyncio.sleep(0.2)
+
+
+async def sweep(env: dict[str, str]) -> int:
+    """What the five-minute timer does for rows whose hint was lost: one drain."""
+    settings = Settings.load(
+        database_url=env["OUTBOX_DATABASE_URL"],
+        webhooks=json.loads(env["OUTBOX_WEBHOOKS"]),
+        concurrency=int(env["OUTBOX_CONCURRENCY"]),
+    )
+    async with await Relay.open(settings) as relay:
+        summary = await relay.processor.execute()
+    return summary.processed
 
 
 def start_consumer(env: dict[str, str]) -> subprocess.Popen[str]:
@@ -100,9 +129,16 @@ async def run_once(
         await receiver.reset()
         consumer = start_consumer(env)
         pool = await asyncpg.create_pool(db.url, min_size=4, max_size=8)
+        swept = 0
         try:
             offered = await offer(pool, queue, messages, rate)
-            await wait_for_all(receiver, messages, within=60 + messages / rate)
+            hint_path = await wait_for_hint_path(receiver, messages, quiet=HINT_PATH_QUIET_SECONDS)
+            if (await receiver.stats()).distinct < messages:
+                # Some hints were lost (the queue timed out: the producer logged each one). In
+                # production the timer sweeps these rows; here the sweep runs now. They are
+                # counted, and left out of the percentiles: they did not take the hint path.
+                swept = await sweep(env)
+                await wait_for_all(receiver, messages, within=30)
         finally:
             consumer.terminate()
             out, _ = consumer.communicate(timeout=30)
@@ -115,11 +151,12 @@ async def run_once(
             await conn.close()
     if counts != {"Processed": messages}:
         raise AssertionError(f"latency: rows by status {counts}")
-    latencies = [1000 * x for x in (await receiver.stats()).latencies]
+    latencies = [1000 * x for x in (await receiver.stats()).latencies[:hint_path]]
     result = {
         "messages": messages,
         "offered_rate": round(offered, 1),
         "drains": json.loads(out.strip().splitlines()[-1])["drains"],
+        "swept": swept,
         "p50_ms": round(percentile(latencies, 50), 1),
         "p95_ms": round(percentile(latencies, 95), 1),
         "p99_ms": round(percentile(latencies, 99), 1),
@@ -143,6 +180,7 @@ async def measure(
     return {
         "rate": rate,
         "runs": results,
+        "swept": sum(r["swept"] for r in results),
         "median": {
             key: median([r[key] for r in results]) for key in ("p50_ms", "p95_ms", "p99_ms")
         },

@@ -285,9 +285,12 @@ def table(doc: dict[str, Any]) -> str:
         )
     if "latency" in doc:
         m = doc["latency"]["median"]
+        swept = doc["latency"].get("swept", 0)
         lines.append(
             f"| latency p50 / p95 / p99 at {doc['latency']['rate']:g} msg/s | "
-            f"{m['p50_ms']:g} / {m['p95_ms']:g} / {m['p99_ms']:g} ms | |"
+            f"{m['p50_ms']:g} / {m['p95_ms']:g} / {m['p99_ms']:g} ms"
+            + (f" ({swept} lost hints swept, not counted)" if swept else "")
+            + " | |"
         )
     if "scale" in doc:
         s = doc["scale"]

@@ -190,9 +190,9 @@ async def run_hints(args: argparse.Namespace) -> dict[str, Any]:
 
     Receives hints from the Azurite queue one at a time (``batchSize: 1`` in host.json), hands
     each to ``outbox.triggers.on_hint`` and deletes it; an empty queue is polled again after
-    0.1 s, backing off to ``maxPollingInterval`` (2 s). Runs until SIGTERM.
+    0.1 s, backing off to ``maxPollingInterval`` (1 s, as in host.json). Runs until SIGTERM.
     """
-    from azure.core.exceptions import ResourceExistsError
+    from azure.core.exceptions import AzureError, ResourceExistsError
 
     from outbox import triggers
     from outbox.runtime import close_shared_relay
@@ -211,17 +211,23 @@ async def run_hints(args: argparse.Namespace) -> dict[str, Any]:
         await triggers.drain("warm-up")
         print("ready", flush=True)
         while not stop.is_set():
-            message = await client.receive_message(visibility_timeout=30)
+            try:
+                message = await client.receive_message(visibility_timeout=30)
+            except AzureError as exc:
+                # As the host does: a storage hiccup is logged and polling goes on.
+                print(f"receiving a hint failed: {type(exc).__name__}", file=sys.stderr)
+                message = None
             if message is None:
                 await _wait(stop, delay)
-                delay = min(delay * 2, 2.0)
+                delay = min(delay * 2, 1.0)
                 continue
             delay = 0.1
             await triggers.on_hint(
                 message.content.encode(), message_id=message.id, dequeue_count=message.dequeue_count
             )
             drains += 1
-            await client.delete_message(message)
+            with contextlib.suppress(AzureError):  # not deleted: it comes back, one more drain
+                await client.delete_message(message)
     await close_shared_relay()
     return {"drains": drains}
 
