@@ -30,6 +30,7 @@ from outbox.outcomes import classify
 from outbox.publisher import Publisher, build_headers, make_session
 from outbox.runtime import Relay
 from outbox.settings import decode_secret
+from outbox.signing import Signer
 
 # The seed design's per-row outcome write (one statement per message).
 SEED_RECORD = """
@@ -79,10 +80,10 @@ async def run_raw(args: argparse.Namespace) -> dict[str, Any]:
     adds on top is reading the rows and writing the outcomes.
     """
     setup_started = sum(cpu_seconds())
-    keys = (decode_secret(SECRET),)
+    signer = Signer([decode_secret(SECRET)])
     bodies = map(body, range(args.messages))
     requests: Iterator[tuple[bytes, dict[str, str]]] = iter(
-        [(data, build_headers(keys, webhook_id, data)) for webhook_id, data in bodies]
+        [(data, build_headers(signer, webhook_id, data)) for webhook_id, data in bodies]
     )
     # Building the requests happens before the clock: its CPU is not the ceiling's either.
     setup_cpu = sum(cpu_seconds()) - setup_started

@@ -12,7 +12,7 @@ import aiohttp
 from outbox.models import DeliveryResult, LeasedMessage, Response, TransportError, Undeliverable
 from outbox.redact import Redactor
 from outbox.settings import Settings, WebhookEndpoint
-from outbox.signing import sign
+from outbox.signing import Signer
 
 # At most this much of a response body is read: enough for an error snippet, never a 50 MB reply.
 MAX_SNIPPET_BYTES = 512
@@ -44,16 +44,16 @@ def json_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def build_headers(keys: tuple[bytes, ...], message_id: str, body: bytes) -> dict[str, str]:
-    """The Standard Webhooks headers, signed with each of ``keys`` (none: unsigned)."""
+def build_headers(signer: Signer, message_id: str, body: bytes) -> dict[str, str]:
+    """The Standard Webhooks headers, signed by ``signer`` (no keys: unsigned)."""
     timestamp = int(time.time())
     headers = {
         "content-type": "application/json",
         "webhook-id": message_id,
         "webhook-timestamp": str(timestamp),
     }
-    if keys:
-        headers["webhook-signature"] = sign(keys, message_id, timestamp, body)
+    if signer:
+        headers["webhook-signature"] = signer.sign(message_id, timestamp, body)
     return headers
 
 
@@ -71,8 +71,8 @@ class Publisher:
     ) -> None:
         self._session = session
         self._webhooks = webhooks
-        # Decoded once: the secrets do not change while the process runs.
-        self._keys = {event_type: e.signing_keys for event_type, e in webhooks.items()}
+        # Prepared once: the secrets do not change while the process runs.
+        self._signers = {event_type: Signer(e.signing_keys) for event_type, e in webhooks.items()}
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
         self._max_payload_bytes = max_payload_bytes
         self._redact = redact
@@ -109,7 +109,7 @@ class Publisher:
             return payload
         endpoint = self._webhooks[message.event_type]
         body = build_body(message, payload)
-        headers = build_headers(self._keys[message.event_type], str(message.message_id), body)
+        headers = build_headers(self._signers[message.event_type], str(message.message_id), body)
         try:
             return await self._post(endpoint.url, body, headers)
         except TimeoutError:

@@ -6,7 +6,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from outbox.settings import decode_secret
-from outbox.signing import sign, verify
+from outbox.signing import Signer, sign, verify
 
 # The Standard Webhooks reference test vector.
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -32,6 +32,21 @@ def test_one_signature_per_secret_during_rotation() -> None:
     assert second == EXPECTED
     assert first.startswith("v1,")
     assert first != second
+
+
+def test_a_signer_signs_every_message_afresh() -> None:
+    # The prepared key state is copied per message: signing one message must not leak into
+    # the next, whatever order they come in.
+    signer = Signer([decode_secret(SECRET)])
+    assert signer.sign("msg_other", TIMESTAMP, b"{}") != EXPECTED
+    assert signer.sign(MSG_ID, TIMESTAMP, BODY) == EXPECTED
+    assert signer.sign(MSG_ID, TIMESTAMP, BODY) == EXPECTED
+
+
+def test_a_signer_without_keys_is_false_and_signs_nothing() -> None:
+    assert not Signer([])
+    assert Signer([]).sign(MSG_ID, TIMESTAMP, BODY) == ""
+    assert Signer([decode_secret(SECRET)])
 
 
 @pytest.mark.parametrize(
