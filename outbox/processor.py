@@ -312,6 +312,8 @@ def log_outcome(record: Recorded, *, applied: bool) -> None:
         level, label = logging.INFO, "Released"
     else:
         level, label = _OUTCOME_LEVELS[outcome.status], str(outcome.status)
+    if not delivery_logger.isEnabledFor(level):
+        return  # most runs: DEBUG (delivered) is off; skip building the fields
     result = attempt.result
     log_event(
         delivery_logger,
