@@ -52,16 +52,18 @@ RETURNING m.outbox_message_id, m.event_type,
           m.attempt_count, m.lease_token, m.created_at;
 
 -- record_outcomes --
--- Write a whole batch of outcomes and their attempt history in one statement. $1 is a JSON array
--- of records with named fields (see store.record_outcomes). Fenced by the lease token: a worker
--- whose lease expired and was re-leased cannot overwrite the newer outcome; its attempt is still
--- kept in the history, with applied = false. Rows released without an attempt get no history.
+-- Write a whole batch of outcomes and their attempt history in one statement. $1…$12 are arrays,
+-- one element per record, in the order of the column list below (store.OutcomeRow).
+-- Fenced by the lease token: a worker whose lease expired and was re-leased cannot overwrite the
+-- newer outcome; its attempt is still kept in the history, with applied = false. Rows released
+-- without an attempt get no history. started_epoch (the worker's clock) is for the history only.
 WITH o AS (
     SELECT *
-    FROM json_to_recordset($1::json) AS o(
-        outbox_message_id uuid, lease_token uuid, status text, delay_seconds float8,
-        last_error text, not_attempted bool, attempt_number int, started_at timestamptz,
-        duration_ms int, http_status int, error_class text, response_snippet text)
+    FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[], $6::bool[],
+                $7::int[], $8::float8[], $9::int[], $10::int[], $11::text[], $12::text[])
+         AS o(outbox_message_id, lease_token, status, delay_seconds, last_error, not_attempted,
+              attempt_number, started_epoch, duration_ms, http_status, error_class,
+              response_snippet)
 ),
 updated AS (
     UPDATE outbox_messages AS m
@@ -83,8 +85,8 @@ history AS (
     INSERT INTO outbox_attempts
         (outbox_message_id, attempt_number, lease_token, started_at, finished_at, duration_ms,
          outcome, applied, http_status, error_class, error, response_snippet)
-    SELECT o.outbox_message_id, o.attempt_number, o.lease_token, o.started_at,
-           o.started_at + make_interval(secs => o.duration_ms / 1000.0), o.duration_ms,
+    SELECT o.outbox_message_id, o.attempt_number, o.lease_token, to_timestamp(o.started_epoch),
+           to_timestamp(o.started_epoch + o.duration_ms / 1000.0), o.duration_ms,
            o.status, updated.outbox_message_id IS NOT NULL, o.http_status, o.error_class,
            o.last_error, o.response_snippet
     FROM o

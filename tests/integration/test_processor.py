@@ -255,7 +255,7 @@ class CountingPool:
 
     async def fetch(self, query: str, *args: Any) -> Any:
         name = next(n for n, q in store.QUERIES.items() if q == query)
-        self.calls.append((name, len(json.loads(args[0])) if name == "record_outcomes" else 0))
+        self.calls.append((name, len(args[0]) if name == "record_outcomes" else 0))
         return await self._pool.fetch(query, *args)
 
 

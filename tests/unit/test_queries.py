@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+import re
+
+from outbox.store import QUERIES, OutcomeRow
+
+
+def test_record_outcomes_columns_are_the_outcome_row_fields_in_order() -> None:
+    # The statement names its array parameters' columns; store.OutcomeRow fills them by position.
+    statement = QUERIES["record_outcomes"]
+    match = re.search(r"\) *\n? *AS o\(([^)]*)\)", statement)
+    assert match is not None
+    columns = [name.strip() for name in match.group(1).split(",")]
+    assert columns == list(OutcomeRow._fields)
+    assert f"${len(columns)}::" in statement
+    assert f"${len(columns) + 1}" not in statement
