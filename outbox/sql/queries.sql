@@ -36,20 +36,26 @@ WITH due AS (
     ORDER BY m.next_attempt_at, m.created_at
     FOR UPDATE OF m SKIP LOCKED
     LIMIT $1
+),
+leased AS (
+    UPDATE outbox_messages AS m
+    SET status = 'Processing',
+        attempt_count = m.attempt_count + 1,
+        processing_started_at = now(),
+        lease_expires_at = now() + make_interval(secs => $2),
+        next_attempt_at = now() + make_interval(secs => $2),
+        lease_token = gen_random_uuid()
+    FROM due
+    WHERE m.outbox_message_id = due.outbox_message_id
+    RETURNING m.outbox_message_id, m.event_type, m.payload::text AS payload_text,
+              m.attempt_count, m.lease_token, m.created_at
 )
-UPDATE outbox_messages AS m
-SET status = 'Processing',
-    attempt_count = m.attempt_count + 1,
-    processing_started_at = now(),
-    lease_expires_at = now() + make_interval(secs => $2),
-    next_attempt_at = now() + make_interval(secs => $2),
-    lease_token = gen_random_uuid()
-FROM due
-WHERE m.outbox_message_id = due.outbox_message_id
-RETURNING m.outbox_message_id, m.event_type,
-          CASE WHEN octet_length(m.payload::text) <= $4 THEN m.payload::text END AS payload,
-          octet_length(m.payload::text) AS payload_bytes,
-          m.attempt_count, m.lease_token, m.created_at;
+-- The payload is turned into text once per row (RETURNING cannot share an expression).
+SELECT outbox_message_id, event_type,
+       CASE WHEN octet_length(payload_text) <= $4 THEN payload_text END AS payload,
+       octet_length(payload_text) AS payload_bytes,
+       attempt_count, lease_token, created_at
+FROM leased;
 
 -- record_outcomes --
 -- Write a whole batch of outcomes and their attempt history in one statement. $1…$12 are arrays,
