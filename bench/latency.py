@@ -34,7 +34,7 @@ from bench.common import (
 )
 from outbox.runtime import Relay
 from outbox.settings import QueueSettings, Settings
-from outbox.wakeup import WakeUpQueue
+from outbox.wakeup import WakeUpQueue, make_queue_client
 from tests.support.azurite import Azurite
 
 QUEUE_NAME = "outbox-wakeup"
@@ -93,6 +93,15 @@ async def sweep(env: dict[str, str]) -> int:
     return summary.processed
 
 
+async def queue_depth(azurite: Azurite) -> int:
+    """Hints still queued once every message arrived: each drain takes everything due, so the
+    consumer (one hint at a time, as host.json asks) falls behind a hint per message."""
+    settings = QueueSettings.load(queue_connection=azurite.connection_string, queue_name=QUEUE_NAME)
+    async with make_queue_client(settings) as client:
+        properties = await client.get_queue_properties()
+    return int(properties.approximate_message_count or 0)
+
+
 def start_consumer(env: dict[str, str]) -> subprocess.Popen[str]:
     """The hint consumer, once it has its queue, its pool and its session (a warm worker)."""
     consumer = subprocess.Popen(
@@ -133,6 +142,7 @@ async def run_once(
         try:
             offered = await offer(pool, queue, messages, rate)
             hint_path = await wait_for_hint_path(receiver, messages, quiet=HINT_PATH_QUIET_SECONDS)
+            hints_left = await queue_depth(azurite)
             if (await receiver.stats()).distinct < messages:
                 # Some hints were lost (the queue timed out: the producer logged each one). In
                 # production the timer sweeps these rows; here the sweep runs now. They are
@@ -157,6 +167,7 @@ async def run_once(
         "offered_rate": round(offered, 1),
         "drains": json.loads(out.strip().splitlines()[-1])["drains"],
         "swept": swept,
+        "hints_left": hints_left,
         "p50_ms": round(percentile(latencies, 50), 1),
         "p95_ms": round(percentile(latencies, 95), 1),
         "p99_ms": round(percentile(latencies, 99), 1),
@@ -170,13 +181,15 @@ async def measure(
     receiver: ReceiverProcess, *, messages: int, rate: float, runs: int, concurrency: int
 ) -> dict[str, Any]:
     # The queue service only, in memory; the hint queue is created by the first notify().
-    azurite = Azurite().start()
-    try:
-        results = [
-            await run_once(receiver, azurite, messages, rate, concurrency) for _ in range(runs)
-        ]
-    finally:
-        azurite.stop()
+    results = []
+    for _ in range(runs):
+        # A fresh emulator per run: hints a run leaves behind would slow the next one down
+        # (Azurite, unlike the storage service, gets slower as its queue grows).
+        azurite = Azurite().start()
+        try:
+            results.append(await run_once(receiver, azurite, messages, rate, concurrency))
+        finally:
+            azurite.stop()
     return {
         "rate": rate,
         "runs": results,
