@@ -99,6 +99,27 @@ def cpu_bounds(runs: list[dict[str, Any]], rates: dict[str, float], cores: int) 
             for c, parts in per_message.items()
         },
     }
+    # A contender's own process runs its Python code on one thread: it cannot beat one core ÷ its
+    # own CPU per message, however idle the other cores are. busy: the share of its run it spent
+    # on a core (the rest it waited: for answers, or for a core the others held).
+    bounds["one_process"] = {
+        c: {
+            "max_rate": round(1e6 / parts["worker"]),
+            "busy": round(
+                median(
+                    [
+                        r["cpu_seconds"]["worker"] / r["worker_wall_seconds"]
+                        for r in runs
+                        if r["contender"] == c and r.get("worker_wall_seconds")
+                    ]
+                    or [0.0]
+                ),
+                3,
+            ),
+        }
+        for c, parts in per_message.items()
+        if parts["worker"] > 0
+    }
     if "relay" in per_message:
         relay_bound = cores / (sum(per_message["relay"].values()) / 1e6)
         bounds["relay_max_rate"] = round(relay_bound)
@@ -282,6 +303,15 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(
             f"| CPU bound: relay costing no more than the raw client, plus its database work | "
             f"{ideal:,} msg/s (÷ raw {ideal_vs_raw:g}) | |"
+        )
+    one_process = bounds.get("one_process", {})
+    if one_process:
+        parts = [
+            f"{LABELS.get(c, c)} {b['max_rate']:,} msg/s ({b['busy']:.0%} busy)"
+            for c, b in one_process.items()
+        ]
+        lines.append(
+            f"| one process's bound (one core ÷ its own CPU per message) | {'; '.join(parts)} | |"
         )
     if "latency" in doc:
         m = doc["latency"]["median"]
