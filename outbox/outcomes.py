@@ -85,7 +85,7 @@ def attempt_facts(result: DeliveryResult) -> AttemptFacts:
     """The history columns for a delivery result (pure)."""
     match result:
         case Response(status=status, snippet=snippet):
-            return AttemptFacts(status, None, snippet[:MAX_SNIPPET_CHARS] or None)
+            return AttemptFacts(status, None, storable(snippet[:MAX_SNIPPET_CHARS]) or None)
         case TransportError(error_class=error_class):
             return AttemptFacts(None, error_class)
         case Undeliverable():
@@ -101,5 +101,13 @@ def describe_response(status: int, snippet: str) -> str:
 
 def bounded(text: str) -> str:
     """``text`` on one line and cut to MAX_ERROR_CHARS, whatever the receiver or library sent."""
-    text = " ".join(text.split())
+    text = " ".join(storable(text).split())
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
+def storable(text: str) -> str:
+    """``text`` with each U+0000 (which PostgreSQL text cannot hold) shown as U+FFFD.
+
+    A receiver's body may contain one; stored as sent, it would fail the whole batch's write.
+    """
+    return text.replace("\x00", "\ufffd")

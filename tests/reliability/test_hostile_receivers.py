@@ -170,3 +170,26 @@ async def test_redirects_of_every_kind_are_not_followed(
     assert stored["status"] == "Failed"
     assert stored["last_error"].startswith(f"HTTP {status}")
     assert "redirects are not followed" in stored["last_error"]
+
+
+@pytest.mark.parametrize("status", [500, 400])
+async def test_nul_bytes_in_an_error_body_are_recorded_not_fatal(
+    db: Any, receiver: Receiver, make_settings: Any, status: int
+) -> None:
+    # PostgreSQL text cannot hold U+0000: written as sent, the body would fail the whole batch's
+    # outcome write, and the batch would be delivered again and again after each lease.
+    receiver.script("/orders", Reply(status, b"bad\x00thing\x00"))
+    ids = await seed(db, 3)
+    async with open_relay(make_settings()) as relay:
+        summary = await relay.processor.execute()
+    assert summary.error is None
+    assert (summary.retried + summary.failed, summary.processed) == (1, 2)
+    stored = [await row(db, message_id) for message_id in ids]
+    [failed] = [s for s in stored if s["status"] != "Processed"]
+    assert failed["status"] == ("Pending" if status == 500 else "Failed")
+    assert failed["last_error"] == f"HTTP {status}: bad\ufffdthing\ufffd"
+    snippet = await db.fetchval(
+        "SELECT response_snippet FROM outbox_attempts WHERE outbox_message_id = $1",
+        failed["outbox_message_id"],
+    )
+    assert snippet == "bad\ufffdthing\ufffd"

@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 
 from outbox.models import NotAttempted, Outcome, Response, Status, TransportError, Undeliverable
-from outbox.outcomes import MAX_ERROR_CHARS, classify
+from outbox.outcomes import MAX_ERROR_CHARS, attempt_facts, classify
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -100,3 +100,17 @@ def test_error_text_is_bounded_and_on_one_line() -> None:
     assert len(outcome.error) == MAX_ERROR_CHARS
     assert "\n" not in outcome.error
     assert outcome.error.startswith("HTTP 500: line one line two x")
+
+
+@pytest.mark.parametrize(
+    "result",
+    [Response(503, snippet="a\x00b"), TransportError("Weird: a\x00b"), Undeliverable("a\x00b")],
+)
+def test_nul_characters_never_reach_the_stored_text(result: object) -> None:
+    # PostgreSQL text cannot hold U+0000; one in a receiver's answer must not fail the write.
+    outcome = outcome_of(result)
+    facts = attempt_facts(result)  # type: ignore[arg-type]
+    assert outcome.error is not None
+    assert "\x00" not in outcome.error
+    assert "a\ufffdb" in outcome.error
+    assert "\x00" not in (facts.response_snippet or "")
