@@ -139,6 +139,7 @@ def check_event_type(event_type: object) -> None:
             f"event_type must be at most {MAX_EVENT_TYPE_CHARS} characters, without surrounding "
             "spaces"
         )
+    check_no_nul("event_type", event_type)
 
 
 def check_ordering_key(ordering_key: object) -> None:
@@ -147,6 +148,15 @@ def check_ordering_key(ordering_key: object) -> None:
     if not isinstance(ordering_key, str) or not ordering_key or len(ordering_key) > MAX_KEY_CHARS:
         raise InvalidMessageError(
             f"ordering_key must be a non-empty string of at most {MAX_KEY_CHARS} characters"
+        )
+    check_no_nul("ordering_key", ordering_key)
+
+
+def check_no_nul(name: str, value: str) -> None:
+    """PostgreSQL text cannot hold U+0000: refuse it here, before it aborts the transaction."""
+    if "\x00" in value:
+        raise InvalidMessageError(
+            f"{name} contains a NUL character (\\u0000), which PostgreSQL text cannot store"
         )
 
 

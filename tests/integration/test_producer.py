@@ -67,6 +67,10 @@ async def test_a_bad_payload_fails_before_writing_and_the_transaction_stays_usab
             await outbox.enqueue(orders, "OrderCompleted", {"when": object()})
         with pytest.raises(InvalidMessageError, match="NUL character"):
             await outbox.enqueue(orders, "OrderCompleted", {"name": "a\x00"})
+        with pytest.raises(InvalidMessageError, match="event_type contains a NUL character"):
+            await outbox.enqueue(orders, "Order\x00Completed", {"orderId": 1})
+        with pytest.raises(InvalidMessageError, match="ordering_key contains a NUL character"):
+            await outbox.enqueue(orders, "OrderCompleted", {"orderId": 1}, ordering_key="o\x001")
         await outbox.enqueue(orders, "OrderCompleted", {"orderId": 1})
     assert await orders.fetchval("SELECT count(*) FROM orders") == 1
     assert len(await outbox_rows(orders)) == 1

@@ -99,3 +99,8 @@ def test_payload_over_the_limit_is_refused() -> None:
 def test_bad_event_types_are_refused(event_type: object) -> None:
     with pytest.raises(InvalidMessageError, match="event_type must be"):
         check_event_type(event_type)
+
+
+def test_an_event_type_with_a_nul_character_is_refused_by_name() -> None:
+    with pytest.raises(InvalidMessageError, match=r"event_type contains a NUL character"):
+        check_event_type("Order\x00Placed")
