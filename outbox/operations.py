@@ -90,6 +90,9 @@ class RequeueFilter:
         for value in (self.created_from, self.created_to):
             if value is not None and value.tzinfo is None:
                 raise InvalidRequestError("times need a UTC offset, e.g. 2026-01-02T00:00:00Z")
+        if self.event_type is not None and "\x00" in self.event_type:
+            # A bad request, not a database error: PostgreSQL text cannot hold U+0000.
+            raise InvalidRequestError("event_type contains a NUL character (\\u0000)")
 
 
 @dataclass(slots=True)

@@ -166,6 +166,7 @@ async def test_requeue_filters_combine(db: Any, wanted: RequeueFilter, count: in
             "created_from must be earlier than created_to",
         ),
         (RequeueFilter(created_from=datetime(2026, 1, 1)), "times need a UTC offset"),
+        (RequeueFilter(event_type="Invoice\x00Paid"), "event_type contains a NUL character"),
     ],
 )
 async def test_requeue_refuses_unclear_requests(db: Any, wanted: RequeueFilter, error: str) -> None:
