@@ -13,7 +13,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
@@ -27,6 +27,7 @@ from outbox.models import (
     DrainSummary,
     LeasedMessage,
     NotAttempted,
+    Outcome,
     Recorded,
     Response,
     Status,
@@ -246,21 +247,32 @@ class OutboxProcessor:
         message, attempt = batch.messages[index], batch.attempts[index]
         if not isinstance(attempt, Attempt):
             attempt = self._broken_attempt(attempt, batch.started[index], now)
-        outcome = classify(
+        try:
+            outcome = self._classify(attempt, message, now)
+        except Exception as exc:  # noqa: BLE001 - an answer nobody foresaw must not cost the batch
+            attempt = replace(attempt, result=self._unexpected(exc))
+            outcome = self._classify(attempt, message, now)
+        return Recorded(message, outcome, attempt)
+
+    def _classify(self, attempt: Attempt, message: LeasedMessage, now: datetime) -> Outcome:
+        return classify(
             attempt.result,
             attempt=message.attempt,
             max_attempts=self._settings.max_attempts,
             now=now,
         )
-        return Recorded(message, outcome, attempt)
+
+    def _unexpected(self, error: Exception) -> TransportError:
+        """An exception as a retryable result, its text redacted."""
+        name = type(error).__name__
+        return TransportError(self._redact(f"unexpected {name}: {error}"), name)
 
     def _broken_attempt(
         self, error: Exception | None, started: tuple[datetime, float] | None, now: datetime
     ) -> Attempt:
         """An attempt that did not return: interrupted, or failed in an unexpected way."""
         if error is not None:
-            name = type(error).__name__
-            result = TransportError(self._redact(f"unexpected {name}: {error}"), name)
+            result: DeliveryResult = self._unexpected(error)
         else:
             # The request may have reached the receiver: count the attempt and retry later.
             result = TransportError("delivery interrupted before it completed", "Interrupted")

@@ -303,6 +303,32 @@ async def test_an_exception_escaping_a_delivery_is_recorded_and_the_rest_still_d
     assert SECRET not in broken["last_error"]
 
 
+async def test_a_result_that_cannot_be_classified_is_retried_and_the_batch_still_recorded(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    ids = await seed(db, 5)
+    settings = make_settings()
+    async with open_relay(settings) as relay:
+        publish = Publisher.from_settings(relay.session, settings).deliver
+
+        async def deliver(message: Any) -> Any:
+            result = await publish(message)
+            # An answer nobody foresaw: deciding its outcome raises (here: not a result at all).
+            return f"odd answer {SECRET}" if message.message_id == ids[2] else result
+
+        processor = OutboxProcessor(relay.pool, deliver, settings)
+        summary = await processor.execute()
+    assert (summary.processed, summary.retried, summary.unrecorded) == (4, 1, 0)
+    odd = await row(db, ids[2])
+    assert (odd["status"], odd["attempt_count"]) == ("Pending", 1)
+    assert odd["last_error"].startswith("unexpected TypeError: not a delivery result")
+    assert SECRET not in odd["last_error"]
+    history = await db.fetchrow(
+        "SELECT outcome, error_class FROM outbox_attempts WHERE outbox_message_id = $1", ids[2]
+    )
+    assert tuple(history) == ("Pending", "TypeError")
+
+
 async def test_an_expired_lease_is_released_to_another_worker(
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
