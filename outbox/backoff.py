@@ -30,7 +30,7 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
     if value is None:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # "²" and "٣" are digits to str, not to HTTP
         return float(value)
     try:
         when = parsedate_to_datetime(value)

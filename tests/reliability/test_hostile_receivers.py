@@ -193,3 +193,20 @@ async def test_nul_bytes_in_an_error_body_are_recorded_not_fatal(
         failed["outbox_message_id"],
     )
     assert snippet == "bad\ufffdthing\ufffd"
+
+
+async def test_a_retry_after_of_non_ascii_digits_is_ignored_not_fatal(
+    db: Any, make_settings: Any, raw_server: Any
+) -> None:
+    # "²" passes str.isdigit() but not float(): it used to raise while the batch's outcomes were
+    # decided, and the whole batch stayed Processing until its lease ran out, every time.
+    answer = (
+        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: \xc2\xb2\r\nContent-Length: 0\r\n\r\n"
+    )
+    server = await raw_server(bytes_answer(answer))
+    ids = await seed(db, 3)
+    async with open_relay(make_settings(webhooks=webhooks_to(server.url(TOKEN_PATH)))) as relay:
+        summary = await relay.processor.execute()
+    assert (summary.retried, summary.unrecorded, summary.error) == (3, 0, None)
+    for message_id in ids:
+        await assert_retried_with_a_bounded_error(db, message_id, "HTTP 503")

@@ -60,6 +60,8 @@ def test_retry_after_parses_delta_seconds_and_http_dates() -> None:
     assert parse_retry_after(earlier, NOW) == 0.0
 
 
-@pytest.mark.parametrize("value", [None, "", "soon", "-5", "1.5", "Mon, 99 Foo 2026"])
+@pytest.mark.parametrize(
+    "value", [None, "", "soon", "-5", "1.5", "Mon, 99 Foo 2026", "\u00b2", "\u0663", "1\u00b2"]
+)
 def test_unreadable_retry_after_is_ignored(value: str | None) -> None:
     assert parse_retry_after(value, NOW) is None
