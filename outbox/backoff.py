@@ -34,7 +34,7 @@ def parse_retry_after(value: str | None, now: datetime) -> float | None:
         return float(value)
     try:
         when = parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: a year past any clock
         return None
     if when.tzinfo is None:
         when = when.replace(tzinfo=UTC)

@@ -61,7 +61,19 @@ def test_retry_after_parses_delta_seconds_and_http_dates() -> None:
 
 
 @pytest.mark.parametrize(
-    "value", [None, "", "soon", "-5", "1.5", "Mon, 99 Foo 2026", "\u00b2", "\u0663", "1\u00b2"]
+    "value",
+    [
+        None,
+        "",
+        "soon",
+        "-5",
+        "1.5",
+        "Mon, 99 Foo 2026",
+        "\u00b2",
+        "\u0663",
+        "1\u00b2",
+        "Mon, 01 Jan 999999999999 00:00:00 GMT",
+    ],
 )
 def test_unreadable_retry_after_is_ignored(value: str | None) -> None:
     assert parse_retry_after(value, NOW) is None
