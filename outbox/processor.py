@@ -55,6 +55,7 @@ MAX_BATCHES_IN_FLIGHT = 2
 MAX_BATCHES_OPEN = 2 * MAX_BATCHES_IN_FLIGHT
 # A delivery starts only if it can time out this long before its lease does.
 LEASE_SAFETY_SECONDS = 1.0
+NOT_SENT = "run interrupted before this message was sent"
 # Outcome writes are retried this often (the pool replaces a dropped connection in between).
 RECORD_RETRY_DELAYS = (0.2, 1.0, 3.0)
 DATABASE_ERRORS: tuple[type[BaseException], ...] = (
@@ -81,17 +82,19 @@ class _Batch:
     # Resolved when every message has an attempt (or the batch is abandoned on cancellation).
     delivered: asyncio.Future[None]
     # Per message: its attempt, the exception that escaped it, or None (not finished).
-    attempts: list[Attempt | Exception | None] = field(init=False)
+    attempts: list[Attempt | BaseException | None] = field(init=False)
     # Per message: when its request started (wall clock, monotonic), or None (not started).
     started: list[tuple[datetime, float] | None] = field(init=False)
     remaining: int = field(init=False)
+    # Set once its outcomes are being written: a message not yet started is not sent any more.
+    closed: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         self.attempts = [None] * len(self.messages)
         self.started = [None] * len(self.messages)
         self.remaining = len(self.messages)
 
-    def settle(self, index: int, attempt: Attempt | Exception | None) -> None:
+    def settle(self, index: int, attempt: Attempt | BaseException | None) -> None:
         if attempt is not None:
             self.attempts[index] = attempt
         self.remaining -= 1
@@ -150,11 +153,14 @@ class OutboxProcessor:
                 task.cancel()
             raise
         finally:
-            await _finish(batches)
-            for task in loops:
-                task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
-            summary.duration_seconds = time.monotonic() - started
+            try:
+                await _finish(batches)
+            finally:
+                # Also when cancelled while the last batches finish: no loop outlives the run.
+                for task in loops:
+                    task.cancel()
+                await asyncio.gather(*loops, return_exceptions=True)
+                summary.duration_seconds = time.monotonic() - started
         return summary
 
     async def _drain(
@@ -207,11 +213,16 @@ class OutboxProcessor:
         """One of the run's delivery loops: leased messages one at a time, in lease order."""
         while True:
             batch, index = await work.get()
-            attempt: Attempt | Exception | None = None
+            attempt: Attempt | BaseException | None = None
             try:
                 attempt = await self._attempt(batch, index)
             except Exception as exc:  # noqa: BLE001 - unexpected: becomes this message's outcome
                 attempt = exc
+            except asyncio.CancelledError as exc:
+                task = asyncio.current_task()
+                if task is None or task.cancelling():
+                    raise  # the run is being cancelled: stop this loop
+                attempt = exc  # raised by the delivery itself: that message's outcome only
             finally:
                 # Also on cancellation (attempt None): the batch records it as interrupted.
                 batch.settle(index, attempt)
@@ -223,7 +234,9 @@ class OutboxProcessor:
             # The drain may lease the next batch while this one writes its outcomes.
             if not batch.delivered.done():
                 batch.delivered.set_result(None)
-            # Also on cancellation: whatever finished is recorded, whatever did not is retried.
+            # Also on cancellation: whatever finished is recorded, whatever was sent and did not
+            # finish is retried, whatever was not sent is released (and will not be sent now).
+            batch.closed = True
             now = datetime.now(UTC)
             records = [self._outcome(batch, index, now) for index in range(len(batch.messages))]
             await shielded(self._record(records, summary))
@@ -233,6 +246,8 @@ class OutboxProcessor:
             now = datetime.now(UTC)
             if self._stopping:
                 return Attempt(NotAttempted("relay stopping"), now, 0)
+            if batch.closed:
+                return Attempt(NotAttempted(NOT_SENT), now, 0)
             started = time.monotonic()
             if (
                 batch.lease_deadline - started
@@ -262,17 +277,20 @@ class OutboxProcessor:
             now=now,
         )
 
-    def _unexpected(self, error: Exception) -> TransportError:
+    def _unexpected(self, error: BaseException) -> TransportError:
         """An exception as a retryable result, its text redacted."""
         name = type(error).__name__
         return TransportError(self._redact(f"unexpected {name}: {error}"), name)
 
     def _broken_attempt(
-        self, error: Exception | None, started: tuple[datetime, float] | None, now: datetime
+        self, error: BaseException | None, started: tuple[datetime, float] | None, now: datetime
     ) -> Attempt:
-        """An attempt that did not return: interrupted, or failed in an unexpected way."""
+        """An attempt that did not return: never sent, interrupted, or failed unexpectedly."""
         if error is not None:
             result: DeliveryResult = self._unexpected(error)
+        elif started is None:
+            # Never sent (the run was cancelled first): given back as it was, not counted.
+            return Attempt(NotAttempted(NOT_SENT), now, 0)
         else:
             # The request may have reached the receiver: count the attempt and retry later.
             result = TransportError("delivery interrupted before it completed", "Interrupted")

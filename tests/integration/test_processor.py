@@ -436,6 +436,80 @@ async def test_a_cancelled_run_still_records_its_outcomes(
     assert interrupted["attempt_count"] == 1
 
 
+async def test_a_cancelled_run_releases_what_it_never_sent_without_counting_it(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    release = asyncio.Event()
+    receiver.script("/orders", Reply(200, hold=release))
+    ids = await seed(db, 4)
+    try:
+        async with open_relay(make_settings(concurrency=1, max_attempts=1)) as relay:
+            drain = asyncio.create_task(relay.processor.execute())
+            await receiver.wait_for(1)
+            drain.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await drain
+    finally:
+        release.set()
+    sent = receiver.requests[0].webhook_id
+    stored = {str(i): await row(db, i) for i in ids}
+    # The one request that went out counts (it may have arrived): its last allowed attempt.
+    assert stored[sent]["status"] == "Failed"
+    # The three never sent are given back as they were: due now, no attempt, no history.
+    unsent = [r for key, r in stored.items() if key != sent]
+    assert {(r["status"], r["attempt_count"], r["last_error"]) for r in unsent} == {
+        ("Pending", 0, None)
+    }
+    assert all(r["due_in"] <= 0 for r in unsent)
+    assert await db.fetchval("SELECT count(*) FROM outbox_attempts") == 1
+
+
+async def test_a_run_cancelled_while_it_finishes_leaves_no_delivery_running(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    # Two batches of four, one request at a time, 0.3 s each; the budget is spent during the
+    # first batch, so the run is finishing the second when the host cancels it.
+    receiver.script("/orders", *[Reply(200, delay=0.3)] * 8)
+    await seed(db, 8)
+    async with open_relay(make_settings(concurrency=1, batch_size=4)) as relay:
+        drain = asyncio.create_task(relay.processor.execute(budget_seconds=0.1))
+        await receiver.wait_for(6)
+        drain.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await drain
+        loops = [t for t in asyncio.all_tasks() if "_deliver_loop" in repr(t.get_coro())]
+        assert loops == []
+        seen = len(receiver.requests)
+        await asyncio.sleep(1.0)  # long enough for three more requests, if anything still sent
+        assert len(receiver.requests) == seen
+    counts = await statuses(db)
+    assert counts["Processed"] >= 5
+    assert counts["Processed"] + counts["Pending"] == 8
+    unsent = await db.fetchval(
+        "SELECT count(*) FROM outbox_messages WHERE status = 'Pending' AND attempt_count = 0"
+    )
+    assert unsent == 8 - seen
+
+
+async def test_a_cancelled_error_raised_by_a_delivery_is_that_message_s_outcome(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    ids = await seed(db, 5)
+    settings = make_settings(concurrency=1)
+    async with open_relay(settings) as relay:
+        publish = Publisher.from_settings(relay.session, settings).deliver
+
+        async def deliver(message: Any) -> Any:
+            if message.message_id == ids[1]:
+                raise asyncio.CancelledError  # from inside a library, not a cancellation of ours
+            return await publish(message)
+
+        processor = OutboxProcessor(relay.pool, deliver, settings)
+        summary = await asyncio.wait_for(processor.execute(), 60)  # a guard against a hang
+    assert (summary.processed, summary.retried) == (4, 1)
+    assert (await row(db, ids[1]))["last_error"].startswith("unexpected CancelledError")
+
+
 async def test_shielded_write_completes_although_the_caller_is_cancelled(db: Any) -> None:
     await db.execute("CREATE TABLE marks (n int)")
     started = asyncio.Event()
