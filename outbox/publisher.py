@@ -114,6 +114,11 @@ class Publisher:
             return await self._post(endpoint.url, body, headers)
         except TimeoutError:
             return TransportError(f"timed out after {self._timeout.total:g}s", "TimeoutError")
+        except aiohttp.ClientResponseError as exc:
+            # Its text ends with the URL as the client rewrote it, which redaction cannot match
+            # reliably; the status and message say what went wrong.
+            name = type(exc).__name__
+            return TransportError(self._redact(f"{name}: {exc.status}, {exc.message}"), name)
         except (aiohttp.ClientError, OSError, ValueError) as exc:
             name = type(exc).__name__
             return TransportError(self._redact(f"{name}: {exc}"), name)

@@ -6,12 +6,30 @@ import re
 from collections.abc import Iterable
 from urllib.parse import urlsplit
 
+import yarl
+
 from outbox.settings import Settings
 
 # Connection-string keys whose values are credentials (Azure Storage, and the like).
 _CREDENTIAL_PAIR = re.compile(r"(?i)\b(AccountKey|SharedAccessSignature|sig|password|pwd)=[^;&\s]+")
 # user:password@ in any URL.
 _URL_PASSWORD = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^/\s:@]*):[^@\s/]*@")
+
+
+def _url_forms(url: str) -> list[str]:
+    """``url``, and its path with query, as written and as the HTTP client normalises them."""
+    forms = [url]
+    parts = urlsplit(url)
+    if parts.path.strip("/") or parts.query:
+        forms.append(parts.path + ("?" + parts.query if parts.query else ""))
+    try:
+        normalised = yarl.URL(url)
+    except (TypeError, ValueError):
+        return forms
+    forms.append(str(normalised))
+    if normalised.path.strip("/") or normalised.query_string:
+        forms += [normalised.raw_path_qs, normalised.path_qs]
+    return forms
 
 
 class Redactor:
@@ -32,11 +50,9 @@ class Redactor:
         if settings.function_key is not None:
             secrets.append(settings.function_key.get_secret_value())
         for endpoint in settings.webhooks.values():
-            # Webhook URLs are often capabilities themselves (a token in the path or query).
-            secrets.append(endpoint.url)
-            parts = urlsplit(endpoint.url)
-            if parts.path.strip("/") or parts.query:
-                secrets.append(parts.path + ("?" + parts.query if parts.query else ""))
+            # Webhook URLs are often capabilities themselves (a token in the path or query), and
+            # a library may print them as the HTTP client normalised them ("%2F" as "/").
+            secrets.extend(_url_forms(endpoint.url))
             if endpoint.secret is not None:
                 value = endpoint.secret.get_secret_value()
                 secrets.extend([value, *value.split()])

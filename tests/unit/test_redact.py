@@ -38,3 +38,15 @@ def test_text_without_secrets_is_unchanged() -> None:
     assert (
         Redactor.from_settings(settings())("HTTP 500: internal error") == "HTTP 500: internal error"
     )
+
+
+def test_a_webhook_url_is_redacted_as_the_http_client_prints_it_too() -> None:
+    # Logic Apps URLs carry "sp=%2Ftriggers%2F…" and a signature; yarl prints "%2F" as "/".
+    url = "https://prod.logic.azure.com/workflows/w1/invoke?sp=%2Ftriggers%2Fmanual&sig=tok3n"
+    redact = Redactor.from_settings(
+        Settings.load(database_url="postgresql://db.example.com/app", webhooks={"A": {"url": url}})
+    )
+    printed = "https://prod.logic.azure.com/workflows/w1/invoke?sp=/triggers/manual&sig=tok3n"
+    text = redact(f"ClientResponseError: 400, url='{printed}'")
+    assert "tok3n" not in text
+    assert "/workflows/w1/invoke" not in text
