@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
+from uuid import UUID
 
 import asyncpg
 
@@ -299,8 +300,16 @@ class OutboxProcessor:
         return Attempt(result, started[0], round((time.monotonic() - started[1]) * 1000))
 
     async def _record(self, records: list[Recorded], summary: DrainSummary) -> None:
+        tries = 0
+
+        async def write() -> set[UUID]:
+            nonlocal tries
+            tries += 1
+            # A retry may follow a write that committed before its connection was lost.
+            return await store.record_outcomes(self._pool, records, retrying=tries > 1)
+
         try:
-            written = await retry_database(lambda: store.record_outcomes(self._pool, records))
+            written = await retry_database(write)
         except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
             # The rows stay Processing; once their lease expires they are delivered again.
             summary.unrecorded += len(records)

@@ -61,15 +61,18 @@ async def lease_batch(
     return [LeasedMessage.from_row(row) for row in rows]
 
 
-async def record_outcomes(conn: Connection, records: Sequence[Recorded]) -> set[UUID]:
+async def record_outcomes(
+    conn: Connection, records: Sequence[Recorded], *, retrying: bool = False
+) -> set[UUID]:
     """Write a batch's outcomes and attempt history in one statement.
 
-    Returns the ids whose outcome was applied (still held by our lease).
+    Returns the ids whose outcome was applied (still held by our lease). ``retrying``: this
+    repeats a write whose reply was lost, so it may have committed; nothing is written twice.
     """
     if not records:
         return set()
     columns = zip(*(_outcome_row(r) for r in records), strict=True)
-    rows = await conn.fetch(QUERIES["record_outcomes"], *map(list, columns))
+    rows = await conn.fetch(QUERIES["record_outcomes"], *map(list, columns), retrying)
     return {row["outbox_message_id"] for row in rows}
 
 

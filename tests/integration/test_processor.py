@@ -277,6 +277,41 @@ async def test_outcomes_of_a_batch_are_written_in_one_statement(
     assert [name for name, _ in pool.calls].count("lease_batch") == 4  # the last one finds nothing
 
 
+class LostReplyPool:
+    """A pool whose first outcome write commits, but whose reply is lost on the way back."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self.lost = False
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        rows = await self._pool.fetch(query, *args)
+        if query == store.QUERIES["record_outcomes"] and not self.lost:
+            self.lost = True
+            raise ConnectionResetError("connection lost before the reply arrived")
+        return rows
+
+
+async def test_an_outcome_write_retried_after_its_lost_reply_counts_and_records_once(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    ids = await seed(db, 3)
+    settings = make_settings()
+    async with open_relay(settings) as relay:
+        pool = LostReplyPool(relay.pool)
+        processor = OutboxProcessor(
+            pool, Publisher.from_settings(relay.session, settings).deliver, settings
+        )
+        summary = await processor.execute()
+    assert pool.lost
+    assert (summary.processed, summary.stale, summary.unrecorded) == (3, 0, 0)
+    assert await statuses(db) == {"Processed": 3}
+    history = await db.fetch("SELECT outbox_message_id, applied FROM outbox_attempts")
+    assert sorted((r["outbox_message_id"], r["applied"]) for r in history) == sorted(
+        (i, True) for i in ids
+    )
+
+
 async def test_an_exception_escaping_a_delivery_is_recorded_and_the_rest_still_delivered(
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
