@@ -21,6 +21,7 @@ import datetime as dt
 import decimal
 import enum
 import json
+import re
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -36,6 +37,9 @@ from outbox.wakeup import WakeUpQueue
 Payload = Mapping[str, Any] | BaseModel
 MAX_EVENT_TYPE_CHARS = 200
 MAX_KEY_CHARS = 200
+# json.dumps writes U+0000 as \u0000, and a literal backslash as \\: only an odd run of backslashes
+# before "u0000" is an escaped NUL (an even run is the text backslash-u0000, which is fine).
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 
 
 async def enqueue(
@@ -139,7 +143,7 @@ def check_event_type(event_type: object) -> None:
             f"event_type must be at most {MAX_EVENT_TYPE_CHARS} characters, without surrounding "
             "spaces"
         )
-    check_no_nul("event_type", event_type)
+    check_storable_text("event_type", event_type)
 
 
 def check_ordering_key(ordering_key: object) -> None:
@@ -149,42 +153,47 @@ def check_ordering_key(ordering_key: object) -> None:
         raise InvalidMessageError(
             f"ordering_key must be a non-empty string of at most {MAX_KEY_CHARS} characters"
         )
-    check_no_nul("ordering_key", ordering_key)
+    check_storable_text("ordering_key", ordering_key)
 
 
-def check_no_nul(name: str, value: str) -> None:
-    """PostgreSQL text cannot hold U+0000: refuse it here, before it aborts the transaction."""
+def check_storable_text(name: str, value: str) -> None:
+    """Refuse U+0000 and surrogates here: PostgreSQL would abort the transaction over them."""
     if "\x00" in value:
         raise InvalidMessageError(
             f"{name} contains a NUL character (\\u0000), which PostgreSQL text cannot store"
         )
+    _utf8(name, value)
 
 
 def serialise_payload(payload: Payload, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:
     """The payload as JSON object text, or InvalidMessageError saying why it cannot be stored."""
-    if isinstance(payload, BaseModel):
-        text = payload.model_dump_json()
-    elif isinstance(payload, Mapping):
-        try:
-            text = json.dumps(
-                dict(payload), ensure_ascii=False, allow_nan=False, default=_json_default
-            )
-        except (TypeError, ValueError) as exc:
-            raise InvalidMessageError(f"payload is not JSON-serialisable: {exc}") from None
-    else:
-        raise InvalidMessageError(
-            f"payload must be a dict or a pydantic model, not {type(payload).__name__}"
-        )
+    text = _to_json(payload)
     if not text.startswith("{"):
         raise InvalidMessageError("payload must serialise to a JSON object")
-    if "\\u0000" in text:
+    if _ESCAPED_NUL.search(text):
         raise InvalidMessageError(
             "payload contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store"
         )
-    size = len(text.encode())
+    size = len(_utf8("payload", text))
     if size > max_bytes:
         raise InvalidMessageError(f"payload is {size} bytes, above the limit of {max_bytes}")
     return text
+
+
+def _to_json(payload: Payload) -> str:
+    if not isinstance(payload, BaseModel | Mapping):
+        raise InvalidMessageError(
+            f"payload must be a dict or a pydantic model, not {type(payload).__name__}"
+        )
+    try:
+        # Not model_dump_json: it can write Infinity/NaN (ser_json_inf_nan="constants"), which
+        # jsonb refuses. The values are pydantic's own; json.dumps then applies the same checks.
+        value = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
+        return json.dumps(value, ensure_ascii=False, allow_nan=False, default=_json_default)
+    except RecursionError:
+        raise InvalidMessageError("payload is nested too deeply to serialise") from None
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessageError(f"payload is not JSON-serialisable: {exc}") from None
 
 
 def _json_default(value: Any) -> Any:
@@ -200,6 +209,17 @@ def _json_default(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _utf8(name: str, text: str) -> bytes:
+    """``text`` as UTF-8; a lone surrogate (e.g. from a surrogateescape decode) cannot be stored."""
+    try:
+        return text.encode()
+    except UnicodeEncodeError as exc:
+        raise InvalidMessageError(
+            f"{name} contains a surrogate (U+{ord(exc.object[exc.start]):04X}), which is not "
+            "valid UTF-8 text and cannot be stored"
+        ) from None
 
 
 def _in_transaction(conn: store.Connection) -> bool:

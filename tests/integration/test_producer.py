@@ -10,7 +10,7 @@ from typing import Any
 import asyncpg
 import pytest
 from azure.storage.queue.aio import QueueClient
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 import outbox
 from outbox.errors import DuplicateMessageError, InvalidMessageError, TransactionRequiredError
@@ -22,6 +22,22 @@ from tests.support.outbox_helpers import peek_hints
 
 class OrderCompleted(BaseModel):
     order_id: int
+
+
+class Reading(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+    value: float
+
+
+class Note(BaseModel):
+    text: str
+
+
+def nested(depth: int) -> dict[str, Any]:
+    payload: dict[str, Any] = {}
+    for _ in range(depth):
+        payload = {"a": payload}
+    return payload
 
 
 @pytest.fixture
@@ -71,9 +87,41 @@ async def test_a_bad_payload_fails_before_writing_and_the_transaction_stays_usab
             await outbox.enqueue(orders, "Order\x00Completed", {"orderId": 1})
         with pytest.raises(InvalidMessageError, match="ordering_key contains a NUL character"):
             await outbox.enqueue(orders, "OrderCompleted", {"orderId": 1}, ordering_key="o\x001")
+        with pytest.raises(InvalidMessageError, match="event_type contains a surrogate"):
+            await outbox.enqueue(orders, "Order\udcffCompleted", {"orderId": 1})
+        with pytest.raises(InvalidMessageError, match="ordering_key contains a surrogate"):
+            await outbox.enqueue(orders, "OrderCompleted", {"orderId": 1}, ordering_key="o\udcff1")
         await outbox.enqueue(orders, "OrderCompleted", {"orderId": 1})
     assert await orders.fetchval("SELECT count(*) FROM orders") == 1
     assert len(await outbox_rows(orders)) == 1
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        (Reading(value=float("inf")), "not JSON-serialisable: Out of range float"),
+        ({"name": "a\udcffb"}, "payload contains a surrogate"),
+        (Note(text="a\udcffb"), "payload contains a surrogate"),
+        (nested(3000), "payload is nested too deeply"),
+    ],
+    ids=["infinity in a model", "surrogate in a dict", "surrogate in a model", "deep nesting"],
+)
+async def test_an_unstorable_payload_is_refused_and_the_transaction_stays_usable(
+    orders: Any, payload: Any, expected: str
+) -> None:
+    async with orders.transaction():
+        await orders.execute("INSERT INTO orders VALUES (1, 'completed')")
+        with pytest.raises(InvalidMessageError, match=expected):
+            await outbox.enqueue(orders, "OrderCompleted", payload)
+        await outbox.enqueue(orders, "OrderCompleted", {"orderId": 1})
+    assert await orders.fetchval("SELECT count(*) FROM orders") == 1
+    assert len(await outbox_rows(orders)) == 1
+
+
+async def test_a_literal_backslash_u0000_in_the_payload_is_stored_as_text(db: Any) -> None:
+    async with db.transaction():
+        await outbox.enqueue(db, "FileSaved", {"path": "C:\\u0000x"})
+    assert await db.fetchval("SELECT payload->>'path' FROM outbox_messages") == "C:\\u0000x"
 
 
 async def test_enqueue_outside_a_transaction_is_refused(db: Any) -> None:

@@ -6,17 +6,29 @@ import decimal
 import enum
 import json
 import uuid
+from collections.abc import Callable
+from typing import Any
 
 import pytest
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from outbox.errors import InvalidMessageError
-from outbox.producer import check_event_type, serialise_payload
+from outbox.producer import check_event_type, check_ordering_key, serialise_payload
 
 
 class Order(BaseModel):
     order_id: int
     placed_at: dt.datetime
+
+
+class Reading(BaseModel):
+    model_config = ConfigDict(ser_json_inf_nan="constants")
+    value: float
+
+
+class Note(BaseModel):
+    text: str = ""
+    extra: dict[str, Any] = {}
 
 
 class Colour(enum.Enum):
@@ -76,6 +88,8 @@ def test_non_ascii_text_is_kept_readable() -> None:
         ("text", "must be a dict or a pydantic model, not str"),
         (None, "must be a dict or a pydantic model, not NoneType"),
         ({"x": "a\x00b"}, "NUL character"),
+        ({"x": "\\\x00"}, "NUL character"),
+        ({"a\x00b": 1}, "NUL character"),
     ],
 )
 def test_unstorable_payloads_raise_a_clear_error(payload: object, expected: str) -> None:
@@ -83,10 +97,50 @@ def test_unstorable_payloads_raise_a_clear_error(payload: object, expected: str)
         serialise_payload(payload)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("text", ["C:\\u0000x", "\\\\u0000", "\\\\\\u0000"])
+def test_a_literal_backslash_u0000_is_text_not_a_nul(text: str) -> None:
+    assert json.loads(serialise_payload({"path": text})) == {"path": text}
+
+
 def test_circular_payload_raises_a_clear_error() -> None:
     payload: dict[str, object] = {}
     payload["self"] = payload
     with pytest.raises(InvalidMessageError, match="Circular reference"):
+        serialise_payload(payload)
+
+
+def test_infinity_in_a_model_is_refused_rather_than_written_as_invalid_json() -> None:
+    with pytest.raises(InvalidMessageError, match="not JSON-serialisable: Out of range float"):
+        serialise_payload(Reading(value=float("inf")))
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [{"name": "a\udcffb"}, {"a\udcffb": 1}, Note(text="a\udcffb")],
+    ids=["dict value", "dict key", "model"],
+)
+def test_a_lone_surrogate_in_the_payload_is_refused(payload: Any) -> None:
+    with pytest.raises(InvalidMessageError, match=r"payload contains a surrogate \(U\+DCFF\)"):
+        serialise_payload(payload)
+
+
+def nested(depth: int) -> dict[str, Any]:
+    payload: dict[str, Any] = {}
+    for _ in range(depth):
+        payload = {"a": payload}
+    return payload
+
+
+@pytest.mark.parametrize(
+    ("payload", "expected"),
+    [
+        (nested(3000), "payload is nested too deeply"),
+        (Note(extra=nested(3000)), "not JSON-serialisable: Maximum serialization depth exceeded"),
+    ],
+    ids=["dict", "model"],
+)
+def test_a_deeply_nested_payload_is_refused(payload: Any, expected: str) -> None:
+    with pytest.raises(InvalidMessageError, match=expected):
         serialise_payload(payload)
 
 
@@ -104,3 +158,13 @@ def test_bad_event_types_are_refused(event_type: object) -> None:
 def test_an_event_type_with_a_nul_character_is_refused_by_name() -> None:
     with pytest.raises(InvalidMessageError, match=r"event_type contains a NUL character"):
         check_event_type("Order\x00Placed")
+
+
+@pytest.mark.parametrize(
+    ("check", "name"), [(check_event_type, "event_type"), (check_ordering_key, "ordering_key")]
+)
+def test_text_fields_with_a_lone_surrogate_are_refused_by_name(
+    check: Callable[[object], None], name: str
+) -> None:
+    with pytest.raises(InvalidMessageError, match=rf"{name} contains a surrogate \(U\+DCFF\)"):
+        check("Order\udcffX")
