@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -43,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     drain = commands.add_parser("drain", help="deliver every due message once")
     drain.add_argument(
-        "--budget", type=float, metavar="SECONDS", help="stop leasing after this long"
+        "--budget", type=positive_seconds, metavar="SECONDS", help="stop leasing after this long"
     )
     enqueue_cmd = commands.add_parser(
         "enqueue", help="commit one event, then send the wake-up hint"
@@ -69,6 +70,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve_cmd.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (7071)")
     serve_cmd.add_argument("--host-json", type=Path, default=ROOT / "host.json", metavar="PATH")
     return parser
+
+
+def positive_seconds(text: str) -> float:
+    """``--budget`` seconds: nan would never end a run, and 0 or less would drain nothing."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError("must be a finite number of seconds greater than 0")
+    return seconds
 
 
 def emit(data: Any) -> None:

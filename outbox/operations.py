@@ -6,7 +6,7 @@ Shared by the CLI (``python -m outbox status | requeue | purge | show``) and the
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
@@ -85,14 +85,37 @@ class RequeueFilter:
                 "say which Failed messages to requeue: message ids, an event type and/or a "
                 "created_at range, or all_failed (but not both)"
             )
+        self._check_times()
+        if self.event_type is not None:
+            _check_text(self.event_type, "event_type")
+
+    def _check_times(self) -> None:
+        # Offsets first: a naive and an aware time cannot even be compared.
+        for name, value in (("created_from", self.created_from), ("created_to", self.created_to)):
+            if value is None:
+                continue
+            if value.tzinfo is None:
+                raise InvalidRequestError("times need a UTC offset, e.g. 2026-01-02T00:00:00Z")
+            try:
+                value.astimezone(UTC)  # what the driver sends; it must stay a valid datetime
+            except OverflowError:
+                raise InvalidRequestError(
+                    f"{name} is out of range: in UTC it must fall within the years 1 to 9999"
+                ) from None
         if self.created_from and self.created_to and self.created_from >= self.created_to:
             raise InvalidRequestError("created_from must be earlier than created_to")
-        for value in (self.created_from, self.created_to):
-            if value is not None and value.tzinfo is None:
-                raise InvalidRequestError("times need a UTC offset, e.g. 2026-01-02T00:00:00Z")
-        if self.event_type is not None and "\x00" in self.event_type:
-            # A bad request, not a database error: PostgreSQL text cannot hold U+0000.
-            raise InvalidRequestError("event_type contains a NUL character (\\u0000)")
+
+
+def _check_text(value: str, name: str) -> None:
+    """Refuse, as a bad request rather than a database error, text PostgreSQL cannot hold."""
+    if "\x00" in value:
+        raise InvalidRequestError(f"{name} contains a NUL character (\\u0000)")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise InvalidRequestError(
+            f"{name} is not valid UTF-8 text (it holds a lone surrogate)"
+        ) from None
 
 
 @dataclass(slots=True)

@@ -259,7 +259,10 @@ def _http_handler(
 
 def _key_matches(request: web.Request, key: str | None) -> bool:
     given = request.headers.get("x-functions-key") or request.query.get("code") or ""
-    return key is not None and hmac.compare_digest(given.encode(), key.encode())
+    # Header bytes that are not UTF-8 arrive as lone surrogates; compare them, never crash on them.
+    return key is not None and hmac.compare_digest(
+        given.encode("utf-8", "surrogatepass"), key.encode("utf-8", "surrogatepass")
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -243,6 +243,8 @@ def parse_budget(params: Mapping[str, str], body: bytes) -> float:
         budget = float(value)
     except (TypeError, ValueError):
         raise BadRequestError("budget_seconds must be a number of seconds") from None
+    except OverflowError:  # a JSON integer too large for a float: out of range, like 1e400
+        budget = math.inf
     if not math.isfinite(budget) or not 0 < budget <= HTTP_MAX_BUDGET_SECONDS:
         raise BadRequestError(
             f"budget_seconds must be greater than 0 and at most {HTTP_MAX_BUDGET_SECONDS:g}"

@@ -113,3 +113,34 @@ async def test_enqueue_command_refuses_a_payload_that_is_not_an_object(
     assert result.returncode == 1
     assert "error: payload must be a JSON object" in result.stderr
     assert await db.fetchval("SELECT count(*) FROM outbox_messages") == 0
+
+
+async def test_drain_command_refuses_a_budget_that_is_not_a_positive_number(
+    db: Any, database_url: str
+) -> None:
+    await seed(db)
+    for budget in ("nan", "inf", "-1", "0", "soon"):
+        result = await run_cli(
+            "drain", "--budget", budget, env={"OUTBOX_DATABASE_URL": database_url}
+        )
+        assert result.returncode == 2, budget
+        assert (
+            "argument --budget: must be a finite number of seconds greater than 0" in result.stderr
+        )
+    assert await statuses(db) == {"Pending": 1}
+
+
+async def test_requeue_command_refuses_a_naive_time_beside_an_aware_one(
+    db: Any, database_url: str
+) -> None:
+    result = await run_cli(
+        "requeue",
+        "--created-from",
+        "2026-01-01T00:00:00",
+        "--created-to",
+        "2026-01-02T00:00:00Z",
+        env={"OUTBOX_DATABASE_URL": database_url},
+    )
+    assert result.returncode == 2
+    assert "error: times need a UTC offset" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -140,6 +140,11 @@ async def test_http_drain_accepts_the_budget_in_a_json_body(
         ({}, b"[1]", "the request body must be empty or a JSON object"),
         ({}, b'{"budget_seconds": true}', "budget_seconds must be a number of seconds"),
         ({}, b'{"budget_seconds": "x"}', "budget_seconds must be a number of seconds"),
+        (
+            {},
+            b'{"budget_seconds": ' + b"9" * 400 + b"}",
+            "budget_seconds must be greater than 0 and at most 120",
+        ),
         ({}, b'{"limit": 3}', "unknown field(s) in the body: limit"),
         (
             {"budget_seconds": "5"},

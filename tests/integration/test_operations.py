@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import asyncpg
@@ -14,7 +14,7 @@ import pytest
 from azure.functions.timer import TimerRequest
 
 import function_app
-from outbox import operations, store
+from outbox import operations, store, triggers
 from outbox.operations import InvalidRequestError, RequeueFilter
 from outbox.processor import OutboxProcessor
 from outbox.publisher import Publisher, make_session
@@ -166,7 +166,24 @@ async def test_requeue_filters_combine(db: Any, wanted: RequeueFilter, count: in
             "created_from must be earlier than created_to",
         ),
         (RequeueFilter(created_from=datetime(2026, 1, 1)), "times need a UTC offset"),
+        (
+            RequeueFilter(
+                created_from=datetime(2026, 1, 1), created_to=datetime(2026, 1, 2, tzinfo=UTC)
+            ),
+            "times need a UTC offset",
+        ),
         (RequeueFilter(event_type="Invoice\x00Paid"), "event_type contains a NUL character"),
+        (RequeueFilter(event_type="Invoice\udcff"), "event_type is not valid UTF-8 text"),
+        (
+            RequeueFilter(created_from=datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))),
+            "created_from is out of range",
+        ),
+        (
+            RequeueFilter(
+                created_to=datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(timedelta(hours=-1)))
+            ),
+            "created_to is out of range",
+        ),
     ],
 )
 async def test_requeue_refuses_unclear_requests(db: Any, wanted: RequeueFilter, error: str) -> None:
@@ -239,6 +256,35 @@ async def test_requeue_endpoint_rejects_bad_bodies(
     response = await function_app.outbox_requeue(http("POST", "outbox/requeue", body))
     assert response.status_code == 400
     assert json.loads(response.get_body()) == {"error": error}
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [
+        (
+            b'{"created_from": "2026-01-01T00:00:00", "created_to": "2026-01-02T00:00:00Z"}',
+            "times need a UTC offset, e.g. 2026-01-02T00:00:00Z",
+        ),
+        (
+            b'{"event_type": "\\udcff"}',
+            "event_type is not valid UTF-8 text (it holds a lone surrogate)",
+        ),
+        (
+            b'{"created_from": "0001-01-01T00:00:00+01:00"}',
+            "created_from is out of range: in UTC it must fall within the years 1 to 9999",
+        ),
+        (
+            b'{"created_to": "9999-12-31T23:59:59-01:00"}',
+            "created_to is out of range: in UTC it must fall within the years 1 to 9999",
+        ),
+    ],
+)
+async def test_requeue_handler_refuses_values_the_database_cannot_hold_with_400(
+    db: Any, app_env: None, body: bytes, error: str
+) -> None:
+    await failed_rows(db)
+    assert await triggers.on_requeue_request(body) == (400, {"error": error})
+    assert (await statuses(db))["Failed"] == 5
 
 
 async def old_rows(db: Any, processed: int, failed: int = 0) -> None:
