@@ -14,7 +14,7 @@ import math
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import (
     AliasChoices,
@@ -27,6 +27,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from yarl import URL
 
 from outbox.errors import ConfigurationError
 
@@ -35,6 +36,10 @@ DEFAULT_QUEUE_NAME = "outbox-wakeup"
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
 # Azure Storage queue names: 3-63 characters, lowercase letters, digits and single hyphens.
 _QUEUE_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
+
+# The `sslmode` values asyncpg understands (it also takes `_` for `-`).
+_SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
+_BAD_PORT = "has a port that is not a number from 1 to 65535"
 
 # Environment names of fields whose name is not OUTBOX_<FIELD>.
 _ENV_NAMES = {
@@ -49,6 +54,48 @@ def env_name(field: str) -> str:
     if field in _ENV_NAMES.values():
         return field
     return _ENV_NAMES.get(field, f"OUTBOX_{field.upper()}")
+
+
+def _is_port(text: str) -> bool:
+    """Whether ``text`` is empty (the default port) or a TCP port number."""
+    if not text:
+        return True
+    try:
+        return 1 <= int(text) <= 65535
+    except ValueError:
+        return False
+
+
+def _database_url_problem(url: str) -> str | None:
+    """What asyncpg would choke on at the first connection, found at load instead.
+
+    It parses the URL as asyncpg does (several ``host:port`` pairs may be comma-separated, and
+    ``host``/``port`` may come in the query) and never quotes it: the URL holds a password.
+    """
+    parts = urlsplit(url)
+    if parts.scheme not in ("postgres", "postgresql"):
+        return "must be a postgresql:// URL"
+    try:
+        query = parse_qs(parts.query, strict_parsing=True) if parts.query else {}
+    except ValueError:
+        return "has a malformed query string"
+    hosts = parts.netloc.partition("@")[2] if "@" in parts.netloc else parts.netloc
+    ports = [_host_port(spec) for spec in hosts.split(",")] if hosts else []
+    ports += query.get("port", [""])[-1].split(",")
+    if not all(_is_port(port) for port in ports):
+        return _BAD_PORT
+    if query.get("sslmode", ["prefer"])[-1].replace("_", "-") not in _SSL_MODES:
+        return f"sslmode must be one of: {', '.join(_SSL_MODES)}"
+    return None
+
+
+def _host_port(spec: str) -> str:
+    """The port part of one ``host[:port]`` of a PostgreSQL URL ('' when it has none)."""
+    if spec.startswith("/"):  # a Unix socket directory
+        return ""
+    if spec.startswith("["):  # [IPv6]:port
+        return unquote(spec.partition("]")[2].removeprefix(":"))
+    return unquote(spec.partition(":")[2])
 
 
 def decode_secret(part: str) -> bytes:
@@ -78,6 +125,17 @@ class WebhookEndpoint(BaseModel):
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("url must be an absolute http:// or https:// URL")
+        # Caught here, not at each delivery, whose error must redact the URL (it may be a secret).
+        try:
+            bad_port = parts.port == 0
+        except ValueError:  # not a number, or above 65535
+            bad_port = True
+        if bad_port:
+            raise ValueError(f"url {_BAD_PORT}")
+        try:
+            URL(url)  # as aiohttp will parse it at each delivery
+        except ValueError:
+            raise ValueError("url is not a URL that aiohttp can parse") from None
         return url
 
     @field_validator("secret")
@@ -173,8 +231,9 @@ class Settings(QueueSettings):
     @field_validator("database_url")
     @classmethod
     def _check_database_url(cls, url: SecretStr) -> SecretStr:
-        if urlsplit(url.get_secret_value()).scheme not in ("postgres", "postgresql"):
-            raise ValueError("must be a postgresql:// URL")
+        problem = _database_url_problem(url.get_secret_value())
+        if problem:
+            raise ValueError(problem)
         return url
 
     @field_validator("webhooks", mode="before")

@@ -9,6 +9,7 @@ from outbox.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 DB = "postgresql://relay:hunter2-db-password@db.example.com:5432/app"
+BAD_PORT = "has a port that is not a number from 1 to 65535"
 
 
 @pytest.fixture
@@ -91,6 +92,71 @@ def test_a_bad_database_url_is_rejected_without_echoing_it(env: pytest.MonkeyPat
     message = load_error()
     assert "OUTBOX_DATABASE_URL: must be a postgresql:// URL" in message
     assert "topsecretpw" not in message
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("postgresql://root:topsecretpw@127.0.0.1:5432x/db", BAD_PORT),
+        ("postgresql://root:topsecretpw@127.0.0.1:99999/db", BAD_PORT),
+        ("postgresql://root:topsecretpw@127.0.0.1:0/db", BAD_PORT),
+        ("postgresql://root:topsecretpw@h1:5432,h2:7x/db", BAD_PORT),
+        ("postgresql://root:topsecretpw@[::1]:70000/db", BAD_PORT),
+        ("postgresql://root:topsecretpw@/db?host=h&port=5432x", BAD_PORT),
+        ("postgresql://root:topsecretpw@h/db?sslmode=sometimes", "sslmode must be one of"),
+        ("postgresql://root:topsecretpw@h/db?sslmode", "has a malformed query string"),
+    ],
+)
+def test_a_database_url_asyncpg_would_refuse_is_rejected_at_load_without_echoing_it(
+    env: pytest.MonkeyPatch, url: str, expected: str
+) -> None:
+    env.setenv("OUTBOX_DATABASE_URL", url)
+    message = load_error()
+    assert f"OUTBOX_DATABASE_URL: {expected}" in message
+    assert "topsecretpw" not in message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://u:pw@db.example.com/app",
+        "postgres://u:pw@db.example.com:6432/app?sslmode=verify-full",
+        "postgresql://u:pw@h1:5432,h2,[::1]:5433/app?sslmode=require",
+        "postgresql:///app?host=/var/run/postgresql&port=5433",
+    ],
+)
+def test_database_urls_asyncpg_accepts_load(env: pytest.MonkeyPatch, url: str) -> None:
+    env.setenv("OUTBOX_DATABASE_URL", url)
+    assert Settings.load().database_url.get_secret_value() == url
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:99999/hooks/T0KEN",
+        "http://127.0.0.1:8x/hooks/T0KEN",
+        "https://127.0.0.1:0/hooks/T0KEN",
+    ],
+)
+def test_webhook_urls_with_a_bad_port_name_the_event_type_but_never_the_url(
+    env: pytest.MonkeyPatch, url: str
+) -> None:
+    env.setenv("OUTBOX_WEBHOOKS", json.dumps({"OrderCompleted": {"url": url}}))
+    message = load_error()
+    assert f"OUTBOX_WEBHOOKS['OrderCompleted'].url: url {BAD_PORT}" in message
+    assert "T0KEN" not in message
+    assert "127.0.0.1" not in message
+
+
+def test_webhook_urls_aiohttp_cannot_parse_are_rejected_without_echoing_them(
+    env: pytest.MonkeyPatch,
+) -> None:
+    env.setenv("OUTBOX_WEBHOOKS", json.dumps({"OrderCompleted": {"url": "https://ü..T0KEN.io/"}}))
+    message = load_error()
+    assert "OUTBOX_WEBHOOKS['OrderCompleted'].url: url is not a URL that aiohttp can parse" in (
+        message
+    )
+    assert "T0KEN" not in message
 
 
 @pytest.mark.parametrize(
