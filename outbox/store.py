@@ -71,8 +71,14 @@ async def record_outcomes(
     """
     if not records:
         return set()
+    if retrying:
+        ids = [r.message.message_id for r in records]
+        tokens = [r.message.lease_token for r in records]
+        earlier = await conn.fetchrow(QUERIES["outcomes_written"], ids, tokens)
+        if earlier["written"] or earlier["applied"]:
+            return set(earlier["applied"])  # it committed: writing again would double the history
     columns = zip(*(_outcome_row(r) for r in records), strict=True)
-    rows = await conn.fetch(QUERIES["record_outcomes"], *map(list, columns), retrying)
+    rows = await conn.fetch(QUERIES["record_outcomes"], *map(list, columns))
     return {row["outbox_message_id"] for row in rows}
 
 

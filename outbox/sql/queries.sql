@@ -63,8 +63,6 @@ FROM leased;
 -- Fenced by the lease token: a worker whose lease expired and was re-leased cannot overwrite the
 -- newer outcome; its attempt is still kept in the history, with applied = false. Rows released
 -- without an attempt get no history. started_epoch (the worker's clock) is for the history only.
--- $13 is true when this repeats a write whose reply was lost (it may have committed): outcomes
--- our lease token already applied are reported as applied again, and no attempt is kept twice.
 WITH o AS (
     SELECT *
     FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[], $6::bool[],
@@ -89,14 +87,6 @@ updated AS (
       AND m.lease_token = o.lease_token
     RETURNING m.outbox_message_id
 ),
-applied_before AS (
-    SELECT m.outbox_message_id
-    FROM outbox_messages AS m
-    JOIN o ON m.outbox_message_id = o.outbox_message_id
-    WHERE $13::bool
-      AND m.lease_token = o.lease_token
-      AND m.status <> 'Processing'
-),
 history AS (
     INSERT INTO outbox_attempts
         (outbox_message_id, attempt_number, lease_token, started_at, finished_at, duration_ms,
@@ -108,16 +98,29 @@ history AS (
     FROM o
     LEFT JOIN updated ON updated.outbox_message_id = o.outbox_message_id
     WHERE NOT o.not_attempted
-      AND NOT ($13::bool AND EXISTS (
-            SELECT 1
-            FROM outbox_attempts AS a
-            WHERE a.outbox_message_id = o.outbox_message_id
-              AND a.lease_token = o.lease_token
-              AND a.attempt_number = o.attempt_number))
 )
-SELECT outbox_message_id FROM updated
-UNION ALL
-SELECT outbox_message_id FROM applied_before;
+SELECT outbox_message_id FROM updated;
+
+-- outcomes_written --
+-- Before an outcome write is retried after a lost reply: did it commit after all? $1 ids, $2 the
+-- lease tokens. The write is one statement, so it committed whole or not at all; applied lists the
+-- outcomes it applied (still ours: not Processing, same token), written whether it left any trace.
+WITH o AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[]) AS o(outbox_message_id, lease_token)
+)
+SELECT
+    ARRAY(
+        SELECT m.outbox_message_id
+        FROM o
+        JOIN outbox_messages AS m ON m.outbox_message_id = o.outbox_message_id
+        WHERE m.lease_token = o.lease_token AND m.status <> 'Processing'
+    ) AS applied,
+    EXISTS (
+        SELECT 1
+        FROM o
+        JOIN outbox_attempts AS a
+          ON a.outbox_message_id = o.outbox_message_id AND a.lease_token = o.lease_token
+    ) AS written;
 
 -- backlog_status --
 -- Health of the backlog: counts by status and the ages an on-call engineer alerts on

@@ -284,6 +284,9 @@ class LostReplyPool:
         self._pool = pool
         self.lost = False
 
+    async def fetchrow(self, query: str, *args: Any) -> Any:
+        return await self._pool.fetchrow(query, *args)
+
     async def fetch(self, query: str, *args: Any) -> Any:
         rows = await self._pool.fetch(query, *args)
         if query == store.QUERIES["record_outcomes"] and not self.lost:

@@ -13,6 +13,4 @@ def test_record_outcomes_columns_are_the_outcome_row_fields_in_order() -> None:
     columns = [name.strip() for name in match.group(1).split(",")]
     assert columns == list(OutcomeRow._fields)
     assert f"${len(columns)}::" in statement
-    # One more parameter, the retry flag, and no other.
-    assert f"${len(columns) + 1}::bool" in statement
-    assert f"${len(columns) + 2}" not in statement
+    assert f"${len(columns) + 1}" not in statement
