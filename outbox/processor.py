@@ -174,6 +174,8 @@ class OutboxProcessor:
         # Batches whose deliveries are still running; each is resolved before its outcome write.
         delivering: set[asyncio.Future[None]] = set()
         while True:
+            if summary.error:
+                return  # an outcome write failed for good: leasing more would only strand rows
             if self._stopping:
                 summary.stopped_by = "stopped"
                 return

@@ -8,6 +8,7 @@ import time
 from collections import Counter
 from typing import Any
 
+import asyncpg
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
@@ -313,6 +314,43 @@ async def test_an_outcome_write_retried_after_its_lost_reply_counts_and_records_
     assert sorted((r["outbox_message_id"], r["applied"]) for r in history) == sorted(
         (i, True) for i in ids
     )
+
+
+class FailingWritesPool:
+    """A pool whose outcome writes fail with a PostgreSQL error (not a lost connection)."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+        self.leases = 0
+
+    async def fetchrow(self, query: str, *args: Any) -> Any:
+        return await self._pool.fetchrow(query, *args)
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        if query == store.QUERIES["record_outcomes"]:
+            raise asyncpg.exceptions.DiskFullError("could not extend file")
+        self.leases += query == store.QUERIES["lease_batch"]
+        return await self._pool.fetch(query, *args)
+
+
+async def test_an_outcome_write_that_fails_ends_the_run(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    # Leasing more would only leave more rows Processing until their leases expire.
+    await seed(db, 50)
+    settings = make_settings(batch_size=5)
+    async with open_relay(settings) as relay:
+        pool = FailingWritesPool(relay.pool)
+        processor = OutboxProcessor(
+            pool, Publisher.from_settings(relay.session, settings).deliver, settings
+        )
+        summary = await processor.execute()
+    assert summary.stopped_by == "error"
+    assert "DiskFullError" in (summary.error or "")
+    # What was leased when the first write failed, and no more: at most the batches open then.
+    assert summary.leased == summary.unrecorded <= 4 * 5
+    assert pool.leases <= 4
+    assert (await statuses(db))["Pending"] >= 30
 
 
 async def test_an_exception_escaping_a_delivery_is_recorded_and_the_rest_still_delivered(
