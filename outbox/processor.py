@@ -317,6 +317,10 @@ class OutboxProcessor:
             summary.unrecorded += len(records)
             self._report_database_error(summary, exc)
             return
+        except Exception as exc:  # noqa: BLE001 - a bug: in the summary, not only in a log line
+            summary.unrecorded += len(records)
+            self._report_error(summary, f"outcome write failed: {type(exc).__name__}: {exc}")
+            return
         batch = DrainSummary(leased=len(records))
         for record in records:
             applied = record.message.message_id in written
@@ -339,8 +343,11 @@ class OutboxProcessor:
         )
 
     def _report_database_error(self, summary: DrainSummary, exc: BaseException) -> None:
+        self._report_error(summary, f"database error: {type(exc).__name__}: {exc}")
+
+    def _report_error(self, summary: DrainSummary, text: str) -> None:
         summary.stopped_by = "error"
-        summary.error = self._redact(f"database error: {type(exc).__name__}: {exc}")
+        summary.error = self._redact(text)
         logger.error("outbox drain: %s", summary.error)
 
 

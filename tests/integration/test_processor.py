@@ -317,36 +317,46 @@ async def test_an_outcome_write_retried_after_its_lost_reply_counts_and_records_
 
 
 class FailingWritesPool:
-    """A pool whose outcome writes fail with a PostgreSQL error (not a lost connection)."""
+    """A pool whose outcome writes fail with ``error`` (by default a PostgreSQL error)."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, error: Exception | None = None) -> None:
         self._pool = pool
         self.leases = 0
+        self.error = error or asyncpg.exceptions.DiskFullError("could not extend file")
 
     async def fetchrow(self, query: str, *args: Any) -> Any:
         return await self._pool.fetchrow(query, *args)
 
     async def fetch(self, query: str, *args: Any) -> Any:
         if query == store.QUERIES["record_outcomes"]:
-            raise asyncpg.exceptions.DiskFullError("could not extend file")
+            raise self.error
         self.leases += query == store.QUERIES["lease_batch"]
         return await self._pool.fetch(query, *args)
 
 
+@pytest.mark.parametrize(
+    ("error", "reported"),
+    [
+        (None, "database error: DiskFullError"),
+        (RuntimeError(f"a bug, with {SECRET}"), "outcome write failed: RuntimeError: a bug"),
+    ],
+    ids=["database", "bug"],
+)
 async def test_an_outcome_write_that_fails_ends_the_run(
-    db: Any, receiver: Receiver, make_settings: Any
+    db: Any, receiver: Receiver, make_settings: Any, error: Exception | None, reported: str
 ) -> None:
     # Leasing more would only leave more rows Processing until their leases expire.
     await seed(db, 50)
     settings = make_settings(batch_size=5)
     async with open_relay(settings) as relay:
-        pool = FailingWritesPool(relay.pool)
+        pool = FailingWritesPool(relay.pool, error)
         processor = OutboxProcessor(
             pool, Publisher.from_settings(relay.session, settings).deliver, settings
         )
         summary = await processor.execute()
     assert summary.stopped_by == "error"
-    assert "DiskFullError" in (summary.error or "")
+    assert (summary.error or "").startswith(reported)
+    assert SECRET not in (summary.error or "")
     # What was leased when the first write failed, and no more: at most the batches open then.
     assert summary.leased == summary.unrecorded <= 4 * 5
     assert pool.leases <= 4
