@@ -227,7 +227,8 @@ class OutboxProcessor:
                     raise  # the run is being cancelled: stop this loop
                 attempt = exc  # raised by the delivery itself: that message's outcome only
             finally:
-                # Also on cancellation (attempt None): the batch records it as interrupted.
+                # Also on cancellation (attempt None): the batch records it as interrupted if it
+                # was sent, or releases it if it was not.
                 batch.settle(index, attempt)
 
     async def _run_batch(self, batch: _Batch, summary: DrainSummary) -> None:
