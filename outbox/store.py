@@ -9,6 +9,8 @@ from importlib.resources import files
 from typing import Any, NamedTuple
 from uuid import UUID
 
+import asyncpg
+
 from outbox.models import LeasedMessage, Recorded
 from outbox.outcomes import attempt_facts
 from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES
@@ -77,6 +79,19 @@ async def record_outcomes(
         earlier = await conn.fetchrow(QUERIES["outcomes_written"], ids, tokens)
         if earlier["written"] or earlier["applied"]:
             return set(earlier["applied"])  # it committed: writing again would double the history
+    try:
+        return await _write_outcomes(conn, records)
+    except asyncpg.ForeignKeyViolationError:
+        # A message was deleted (purged, or by hand) after another worker took it over: our
+        # stale attempt has nowhere to go. Write the rest; the deleted ones count as stale.
+        ids = [r.message.message_id for r in records]
+        present = {row["outbox_message_id"] for row in await conn.fetch(QUERIES["present"], ids)}
+        return await _write_outcomes(conn, [r for r in records if r.message.message_id in present])
+
+
+async def _write_outcomes(conn: Connection, records: Sequence[Recorded]) -> set[UUID]:
+    if not records:
+        return set()
     columns = zip(*(_outcome_row(r) for r in records), strict=True)
     rows = await conn.fetch(QUERIES["record_outcomes"], *map(list, columns))
     return {row["outbox_message_id"] for row in rows}

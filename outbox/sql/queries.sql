@@ -122,6 +122,10 @@ SELECT
           ON a.outbox_message_id = o.outbox_message_id AND a.lease_token = o.lease_token
     ) AS written;
 
+-- present --
+-- Which of these messages ($1) still exist (an outcome write met one that was deleted)
+SELECT outbox_message_id FROM outbox_messages WHERE outbox_message_id = ANY ($1::uuid[]);
+
 -- backlog_status --
 -- Health of the backlog: counts by status and the ages an on-call engineer alerts on
 SELECT

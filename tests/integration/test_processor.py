@@ -479,6 +479,34 @@ async def test_a_stale_worker_cannot_overwrite_the_newer_outcome(
     assert stored["last_error"] is None
 
 
+async def test_a_stale_outcome_for_a_deleted_message_does_not_sink_the_batch(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    slow = asyncio.Event()
+    # The first worker holds two messages; its request for one of them hangs.
+    receiver.script("/orders", Reply(200), Reply(200, hold=slow), Reply(200))
+    ids = await seed(db, 2)
+    async with open_relay(make_settings()) as first, open_relay(make_settings()) as second:
+        stale = asyncio.create_task(first.processor.execute())
+        await receiver.wait_for(2)
+        hung = next(i for i in ids if str(i) == receiver.requests[1].webhook_id)
+        # Its lease on that message runs out; another worker delivers it, and it is purged (or
+        # deleted by hand) before the first worker writes its outcomes.
+        await db.execute(
+            "UPDATE outbox_messages SET lease_expires_at = now(), next_attempt_at = now() "
+            "WHERE outbox_message_id = $1",
+            hung,
+        )
+        assert (await second.processor.execute()).processed == 1
+        await db.execute("DELETE FROM outbox_messages WHERE outbox_message_id = $1", hung)
+        slow.set()
+        late = await stale
+    # The stale attempt has no message to belong to; the other outcome is still written.
+    assert (late.processed, late.stale, late.unrecorded, late.error) == (1, 1, 0, None)
+    [other] = [i for i in ids if i != hung]
+    assert (await row(db, other))["status"] == "Processed"
+
+
 async def test_stop_finishes_in_flight_deliveries_and_releases_the_rest(
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
