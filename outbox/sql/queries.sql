@@ -144,7 +144,8 @@ SELECT
       WHERE status = 'Failed') AS oldest_failed_age_seconds,
     (SELECT count(*)
        FROM outbox_messages
-      WHERE status = 'Processing' AND lease_expires_at <= now()) AS expired_leases;
+      WHERE status = 'Processing'
+        AND (lease_expires_at IS NULL OR lease_expires_at <= now())) AS expired_leases;
 
 -- requeue_failed --
 -- Put Failed rows back to Pending, due now, with a fresh attempt budget; history is kept.

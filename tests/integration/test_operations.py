@@ -76,6 +76,17 @@ async def test_status_reports_counts_ages_and_an_unhealthy_backlog(db: Any) -> N
     assert (await operations.backlog_status(db, 7200)).healthy
 
 
+async def test_status_counts_a_processing_row_without_a_lease_as_expired(db: Any) -> None:
+    # Set by hand, such a row belongs to no worker: the next lease claims it, and status says so.
+    [message_id] = await seed(db)
+    await db.execute(
+        "UPDATE outbox_messages SET status = 'Processing', lease_expires_at = NULL "
+        "WHERE outbox_message_id = $1",
+        message_id,
+    )
+    assert (await operations.backlog_status(db, 900)).expired_leases == 1
+
+
 async def test_status_counts_a_backing_off_row_as_unpublished_but_not_due(db: Any) -> None:
     [message_id] = await seed(db)
     await db.execute(
