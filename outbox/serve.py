@@ -128,11 +128,19 @@ class QueueListener:
         self.poison = _raw_client(settings, f"{queue}-poison")
 
     async def run(self, stopping: asyncio.Event) -> None:
-        with contextlib.suppress(ResourceExistsError):
-            await self.queue.create_queue()
+        created = False
         idle = 0.1
         while not stopping.is_set():
-            handled = await self._receive_one()
+            try:
+                if not created:
+                    with contextlib.suppress(ResourceExistsError):
+                        await self.queue.create_queue()
+                    created = True
+                handled = await self._receive_one()
+            except Exception as exc:  # noqa: BLE001 - like the host: storage errors never stop it
+                # A failed delete or retry only makes that message come back (one more drain).
+                logger.warning("queue %s: %s", self.queue.queue_name, type(exc).__name__)
+                handled = False
             idle = 0.1 if handled else min(idle * 2, self.options.max_polling_interval)
             if not handled:
                 with contextlib.suppress(TimeoutError):
@@ -143,16 +151,10 @@ class QueueListener:
         await self.poison.close()
 
     async def _receive_one(self) -> bool:
-        try:
-            messages = self.queue.receive_messages(
-                max_messages=1, visibility_timeout=int(self.options.function_timeout)
-            )
-            stored = await anext(aiter(messages), None)
-        except Exception as exc:  # noqa: BLE001 - a storage outage must not stop the listener
-            logger.warning(
-                "queue %s: receive failed: %s", self.queue.queue_name, type(exc).__name__
-            )
-            return False
+        messages = self.queue.receive_messages(
+            max_messages=1, visibility_timeout=int(self.options.function_timeout)
+        )
+        stored = await anext(aiter(messages), None)
         if stored is None:
             return False
         await self._invoke(stored)
