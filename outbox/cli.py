@@ -110,7 +110,7 @@ async def run_drain(settings: Settings, args: argparse.Namespace) -> int:
 async def run_enqueue(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
     try:
         payload = json.loads(args.payload)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:
         raise InvalidMessageError(f"payload is not valid JSON: {exc}") from None
     if not isinstance(payload, dict):
         raise InvalidMessageError("payload must be a JSON object")

@@ -26,7 +26,7 @@ def describe(body: bytes, headers: dict[str, str], secret: str | None) -> str:
     try:
         event = json.loads(body)
         kind, data = event.get("type"), json.dumps(event.get("data"), ensure_ascii=False)
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         kind, data = "?", f"unreadable body ({len(body)} bytes)"
     if secret is None:
         signature = "not checked"

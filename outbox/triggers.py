@@ -189,7 +189,7 @@ def _json_object(body: bytes) -> dict[str, Any]:
         return {}
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: "[[[[…" nesting
         raise BadRequestError("the request body must be empty or a JSON object") from None
     if not isinstance(data, dict):
         raise BadRequestError("the request body must be empty or a JSON object")
@@ -269,7 +269,7 @@ def describe_hint(body: bytes) -> str:
     text = body.decode("utf-8", errors="replace")
     try:
         parsed = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: "[[[[…" nested too deep to parse
         kind = "not JSON"
     else:
         kind = "JSON" if isinstance(parsed, dict) else f"JSON {type(parsed).__name__}"

@@ -112,6 +112,10 @@ async def test_enqueue_command_refuses_a_payload_that_is_not_an_object(
     result = await run_cli("enqueue", "X", "[1]", env={"OUTBOX_DATABASE_URL": database_url})
     assert result.returncode == 1
     assert "error: payload must be a JSON object" in result.stderr
+    nested = await run_cli("enqueue", "X", "[" * 40_000, env={"OUTBOX_DATABASE_URL": database_url})
+    assert nested.returncode == 1
+    assert "error: payload is not valid JSON" in nested.stderr
+    assert "Traceback" not in nested.stderr
     assert await db.fetchval("SELECT count(*) FROM outbox_messages") == 0
 
 

@@ -69,7 +69,8 @@ async def test_queue_function_drains(db: Any, receiver: Receiver, app_env: None)
 
 
 @pytest.mark.parametrize(
-    "body", [b"", b"not json at all", b"\xff\xfe\x00garbage", b"[1, 2, 3]", b"x" * 70_000]
+    "body",
+    [b"", b"not json at all", b"\xff\xfe\x00garbage", b"[1, 2, 3]", b"x" * 70_000, b"[" * 40_000],
 )
 async def test_a_garbage_hint_still_succeeds_and_drains(
     db: Any, receiver: Receiver, app_env: None, body: bytes, caplog: pytest.LogCaptureFixture
@@ -146,6 +147,7 @@ async def test_http_drain_accepts_the_budget_in_a_json_body(
             "budget_seconds must be greater than 0 and at most 120",
         ),
         ({}, b'{"limit": 3}', "unknown field(s) in the body: limit"),
+        ({}, b"[" * 40_000, "the request body must be empty or a JSON object"),
         (
             {"budget_seconds": "5"},
             b'{"budget_seconds": 5}',

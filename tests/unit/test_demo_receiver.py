@@ -31,3 +31,4 @@ def test_flags_a_bad_or_missing_signature() -> None:
 
 def test_survives_an_unreadable_body() -> None:
     assert "unreadable body (3 bytes)" in describe(b"\xff\x00x", {}, None)
+    assert "unreadable body (40000 bytes)" in describe(b"[" * 40_000, {}, None)
