@@ -36,9 +36,10 @@ from aiohttp import web
 
 from outbox import demo_receiver
 from outbox.console import configure_console
+from outbox.errors import ConfigurationError
 from outbox.migrate import migrate
 from outbox.serve import DEFAULT_PORT, ServeOptions, install_stop_signals, serve
-from outbox.settings import DEFAULT_QUEUE_NAME, QueueSettings
+from outbox.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURITE = ROOT / "tools" / "node_modules" / ".bin" / "azurite"
@@ -241,6 +242,11 @@ async def start(args: argparse.Namespace) -> int:
                 described.append(f"webhooks   demo receiver for {DEMO_EVENT_TYPE}, printed below")
             else:
                 described.append("webhooks   OUTBOX_WEBHOOKS")
+            try:
+                Settings.load()  # a bad value stops start-up here, as it stops `outbox serve`
+            except ConfigurationError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
             await _migrate(os.environ["OUTBOX_DATABASE_URL"])
             write_run_env(
                 run_env_path(),

@@ -3,16 +3,20 @@ app's functions in one process tree; Ctrl-C stops all of it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
 
 from tests.support.azure import free_port
-from tests.support.outbox_helpers import run_cli
+from tests.support.outbox_helpers import ROOT, run_cli
 from tests.support.processes import Child
 
 
@@ -58,3 +62,30 @@ async def test_run_command_delivers_an_enqueued_event_and_stops_everything(tmp_p
     assert "stopped" in run.lines[-1]
     assert not (tmp_path / "run.env").exists()
     assert processes_mentioning(str(tmp_path)) == []
+
+
+async def test_run_command_stops_at_once_on_a_bad_setting(
+    tmp_path: Path, database_url: str, queue_settings: Any
+) -> None:
+    # As `outbox serve` does: a bad value stops start-up, rather than every invocation failing.
+    env = {
+        "PATH": os.environ["PATH"],
+        "OUTBOX_LOCAL_DIR": str(tmp_path),
+        "OUTBOX_DATABASE_URL": database_url,
+        "AzureWebJobsStorage": queue_settings.queue_connection.get_secret_value(),
+        "OUTBOX_BATCH_SIZE": "0",
+    }
+    result = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "outbox.local", "--in-process", "--port", str(free_port())],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "invalid configuration: OUTBOX_BATCH_SIZE" in result.stderr
+    assert "outbox relay running" not in result.stdout
+    assert not (tmp_path / "run.env").exists()
