@@ -64,19 +64,17 @@ def run_env_path() -> Path:
 def load_run_env() -> None:
     """Take settings from a running ``make run`` for variables the environment does not set."""
     path = run_env_path()
-    if not path.exists():
-        return
-    values = dict(_parse_env_line(line) for line in path.read_text().splitlines() if line.strip())
+    try:
+        # One shell-quoted file: a value may span lines (pretty-printed OUTBOX_WEBHOOKS).
+        words = shlex.split(path.read_text())
+    except (OSError, ValueError):
+        return  # none, or not one make run wrote: as if it were not running
+    values = dict(word.partition("=")[::2] for word in words if word != "export")
     owner = values.pop("OUTBOX_LOCAL_PID", "")
     if not owner.isdigit() or not _alive(int(owner)):
         return  # left over from a run that did not stop cleanly
     for key, value in values.items():
         os.environ.setdefault(key, value)
-
-
-def _parse_env_line(line: str) -> tuple[str, str]:
-    key, _, value = shlex.split(line.removeprefix("export "))[0].partition("=")
-    return key, value
 
 
 def _alive(pid: int) -> bool:
@@ -201,16 +199,25 @@ def function_key(folder: Path) -> str:
         return os.environ["OUTBOX_FUNCTION_KEY"]
     path = folder / "function-key"
     if not path.exists():
-        path.write_text(secrets.token_urlsafe(24))
-        path.chmod(0o600)
+        write_private(path, secrets.token_urlsafe(24))
     return path.read_text().strip()
 
 
 def write_run_env(path: Path, names: list[str]) -> None:
+    """The settings other shells need, those that are set (identity-based storage included)."""
+    names = [*names, *sorted(n for n in os.environ if n.startswith("AzureWebJobsStorage__"))]
     lines = [f"export OUTBOX_LOCAL_PID={os.getpid()}"]
-    lines += [f"export {name}={shlex.quote(os.environ[name])}" for name in names]
-    path.write_text("\n".join(lines) + "\n")
-    path.chmod(0o600)
+    lines += [
+        f"export {name}={shlex.quote(os.environ[name])}" for name in names if name in os.environ
+    ]
+    write_private(path, "\n".join(lines) + "\n")
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` readable by this user only, from the first byte (it holds credentials)."""
+    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        out.write(text)
+    path.chmod(0o600)  # a file that existed before keeps its mode through O_CREAT
 
 
 async def start(args: argparse.Namespace) -> int:
