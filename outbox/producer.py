@@ -128,6 +128,12 @@ async def transaction(
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
 ) -> AsyncIterator[OutboxTransaction]:
     """Open a transaction on ``conn``; after it commits, send one hint if anything was enqueued."""
+    if _in_transaction(conn):
+        # Nested, it would only release a savepoint: the hint would beat the commit.
+        raise TransactionRequiredError(
+            "outbox.transaction opens and commits the transaction itself; inside a transaction "
+            "of your own, call outbox.enqueue(...) in it and outbox.notify(...) after its commit"
+        )
     tx = OutboxTransaction(conn, max_payload_bytes)
     async with conn.transaction():
         yield tx

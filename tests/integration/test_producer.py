@@ -202,6 +202,21 @@ async def test_transaction_helper_commits_then_hints_once(
     assert len(await peek_hints(queue_settings)) == 1
 
 
+async def test_transaction_helper_refuses_to_run_inside_another_transaction(
+    orders: Any, queue_settings: QueueSettings
+) -> None:
+    # Inside an outer transaction it would only release a savepoint, and its hint would arrive
+    # before the rows were committed: the drain would find nothing.
+    async with WakeUpQueue.from_settings(queue_settings) as queue, orders.transaction():
+        await orders.execute("INSERT INTO orders VALUES (1, 'completed')")
+        with pytest.raises(TransactionRequiredError, match="notify"):
+            async with outbox.transaction(orders, queue):
+                pass  # pragma: no cover - never entered
+        await outbox.enqueue(orders, "OrderCompleted", {"orderId": 1})  # still usable
+    assert await peek_hints(queue_settings) == []
+    assert len(await outbox_rows(orders)) == 1
+
+
 async def test_transaction_helper_sends_no_hint_when_rolled_back(
     orders: Any, queue_settings: QueueSettings
 ) -> None:
