@@ -194,11 +194,11 @@ async def demo(port: int, secret: str) -> AsyncIterator[str]:
 
 
 def function_key(folder: Path) -> str:
-    """The HTTP functions' key: OUTBOX_FUNCTION_KEY, or one kept in .local/function-key."""
-    if os.environ.get("OUTBOX_FUNCTION_KEY"):
-        return os.environ["OUTBOX_FUNCTION_KEY"]
+    """The HTTP functions' key (OUTBOX_FUNCTION_KEY, or a generated one), in .local/function-key."""
     path = folder / "function-key"
-    if not path.exists():
+    if os.environ.get("OUTBOX_FUNCTION_KEY"):
+        write_private(path, os.environ["OUTBOX_FUNCTION_KEY"])
+    elif not path.exists():
         write_private(path, secrets.token_urlsafe(24))
     return path.read_text().strip()
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox.local import load_run_env, write_run_env
+from outbox.local import function_key, load_run_env, write_run_env
 
 WEBHOOKS = json.dumps({"OrderCompleted": {"url": "http://127.0.0.1:9/x", "secret": None}}, indent=2)
 NAMES = ["OUTBOX_DATABASE_URL", "AzureWebJobsStorage", "OUTBOX_QUEUE_NAME", "OUTBOX_WEBHOOKS"]
@@ -53,3 +53,15 @@ def test_an_unreadable_file_is_ignored(local_dir: Path) -> None:
     (local_dir / "run.env").write_text("export OUTBOX_WEBHOOKS='{\n")
     load_run_env()  # no exception: as if make run were not running
     assert "OUTBOX_WEBHOOKS" not in os.environ
+
+
+def test_the_function_key_file_holds_the_key_in_effect(
+    local_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # make run prints "function key in .local/function-key": that must be the key that works.
+    generated = function_key(local_dir)
+    assert (local_dir / "function-key").read_text() == generated
+    monkeypatch.setenv("OUTBOX_FUNCTION_KEY", "key-from-the-environment")
+    assert function_key(local_dir) == "key-from-the-environment"
+    assert (local_dir / "function-key").read_text() == "key-from-the-environment"
+    assert stat.S_IMODE((local_dir / "function-key").stat().st_mode) == 0o600
