@@ -64,19 +64,30 @@ class QueueOptions:
 
     @classmethod
     def from_host_json(cls, path: Path) -> QueueOptions:
-        host = json.loads(path.read_text())
+        try:
+            host = json.loads(path.read_text())
+        except OSError as exc:
+            raise ConfigurationError(f"host.json: cannot read {path}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise ConfigurationError(f"host.json: not valid JSON ({exc})") from None
+        if not isinstance(host, dict):
+            raise ConfigurationError("host.json: not a JSON object")
         queues = host.get("extensions", {}).get("queues", {})
+        try:
+            max_dequeue_count = int(queues.get("maxDequeueCount", 5))
+        except (TypeError, ValueError):
+            raise ConfigurationError("host.json: maxDequeueCount must be a whole number") from None
         return cls(
             max_polling_interval=timespan(queues.get("maxPollingInterval", "00:01:00")),
             visibility_timeout=timespan(queues.get("visibilityTimeout", "00:00:00")),
-            max_dequeue_count=int(queues.get("maxDequeueCount", 5)),
+            max_dequeue_count=max_dequeue_count,
             function_timeout=timespan(host.get("functionTimeout", "00:05:00")),
         )
 
 
-def timespan(text: str) -> float:
+def timespan(text: Any) -> float:
     """Seconds in a host.json ``hh:mm:ss[.fff]`` value."""
-    match = _TIMESPAN.match(text)
+    match = _TIMESPAN.match(text) if isinstance(text, str) else None
     if match is None:
         raise ConfigurationError(f"host.json: not a hh:mm:ss time span: {text!r}")
     hours, minutes, seconds = match.groups()
@@ -275,6 +286,20 @@ class ServeOptions:
     key: str | None = None
 
 
+async def start_http(bindings: list[Binding], options: ServeOptions) -> web.AppRunner:
+    """The HTTP functions, listening; a port that cannot be had is said plainly."""
+    runner = web.AppRunner(http_app(bindings, options.key), access_log=None, shutdown_timeout=5)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, options.host, options.port).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigurationError(
+            f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}"
+        ) from None
+    return runner
+
+
 async def serve(app: func.FunctionApp, options: ServeOptions, stopping: asyncio.Event) -> None:
     """Run every function of ``app`` until ``stopping`` is set, then shut down gracefully."""
     bindings = index(app)
@@ -286,9 +311,7 @@ async def serve(app: func.FunctionApp, options: ServeOptions, stopping: asyncio.
         if b.trigger["type"] == "queueTrigger"
     ]
     http = [b for b in bindings if b.trigger["type"] == "httpTrigger"]
-    runner = web.AppRunner(http_app(http, options.key), access_log=None, shutdown_timeout=5)
-    await runner.setup()
-    await web.TCPSite(runner, options.host, options.port).start()
+    runner = await start_http(http, options)
     logger.info(
         "serving %d functions; HTTP on http://%s:%d/api/ (%s)",
         len(bindings),

@@ -1,14 +1,18 @@
-"""The function-key check of ``outbox serve``'s HTTP routes, against raw requests."""
+"""``outbox serve``'s own checks: function keys on raw requests, host.json, its port."""
 
 from __future__ import annotations
 
 import asyncio
+import re
+import socket
+from pathlib import Path
 
 import azure.functions as func
 import pytest
 from aiohttp import test_utils
 
-from outbox.serve import Binding, http_app
+from outbox.errors import ConfigurationError
+from outbox.serve import Binding, QueueOptions, ServeOptions, http_app, start_http
 
 KEY = "serve-unit-function-key-0123456789"
 
@@ -46,3 +50,35 @@ async def test_a_function_key_header_of_any_bytes_is_checked_not_crashed_on(
     binding = Binding("drain", {"route": "outbox/drain", "methods": ["POST"]}, ok)
     async with test_utils.TestServer(http_app([binding], KEY)) as server:
         assert await raw_status(server, header) == status
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("{not json", "host.json: not valid JSON"),
+        ('{"extensions": {"queues": {"maxPollingInterval": 2}}}', "not a hh:mm:ss time span: 2"),
+        ('{"extensions": {"queues": {"maxDequeueCount": "five"}}}', "maxDequeueCount"),
+        ("[1]", "host.json: not a JSON object"),
+    ],
+)
+def test_a_bad_host_json_is_a_configuration_error(tmp_path: Path, text: str, problem: str) -> None:
+    path = tmp_path / "host.json"
+    path.write_text(text)
+    with pytest.raises(ConfigurationError, match=re.escape(problem)):
+        QueueOptions.from_host_json(path)
+
+
+def test_a_missing_host_json_is_a_configuration_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape("host.json: cannot read")):
+        QueueOptions.from_host_json(tmp_path / "host.json")
+
+
+async def test_a_port_in_use_is_reported_as_such() -> None:
+    binding = Binding("drain", {"type": "httpTrigger", "route": "outbox/drain"}, ok)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        expected = re.escape(f"cannot listen on 127.0.0.1:{port}")
+        with pytest.raises(ConfigurationError, match=expected):
+            await start_http([binding], ServeOptions(port=port))
