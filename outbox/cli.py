@@ -21,17 +21,16 @@ import asyncpg
 
 from outbox import operations
 from outbox.console import configure_cli, configure_console
-from outbox.errors import InvalidMessageError, OutboxError
+from outbox.errors import ConfigurationError, InvalidMessageError, OutboxError
 from outbox.local import load_run_env
 from outbox.migrate import migrate
 from outbox.processor import DATABASE_ERRORS
-from outbox.producer import enqueue
+from outbox.producer import enqueue, notify
 from outbox.redact import Redactor
 from outbox.runtime import Relay
 from outbox.serve import DEFAULT_PORT, ROOT, ServeOptions
 from outbox.serve import main as serve_main
 from outbox.settings import Settings
-from outbox.wakeup import WakeUpQueue
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
@@ -122,10 +121,9 @@ async def run_enqueue(conn: Any, settings: Settings, args: argparse.Namespace) -
             ordering_key=args.ordering_key,
             max_payload_bytes=settings.max_payload_bytes,
         )
-    sent = False
-    if settings.has_queue:
-        async with WakeUpQueue.from_settings(settings) as queue:
-            sent = await queue.notify()
+    # Committed: from here on nothing may fail the command, or its id would be lost to the
+    # caller (notify() logs a bad queue setting and returns False, as for any lost hint).
+    sent = await notify() if settings.has_queue else False
     emit({"message_id": message_id, "hint_sent": sent})
     return EXIT_OK
 
@@ -210,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     try:
         return asyncio.run(run(settings, args))
-    except operations.InvalidRequestError as exc:
+    except (operations.InvalidRequestError, InvalidMessageError, ConfigurationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except OutboxError as exc:

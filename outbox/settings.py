@@ -161,7 +161,11 @@ class QueueSettings(BaseSettings):
     """Where wake-up hints go: all a producer needs (none of the relay's other settings)."""
 
     model_config = SettingsConfigDict(
-        env_prefix="OUTBOX_", extra="ignore", frozen=True, populate_by_name=True
+        env_prefix="OUTBOX_",
+        extra="ignore",
+        frozen=True,
+        populate_by_name=True,
+        allow_inf_nan=False,  # an infinite threshold or timeout would switch a safeguard off
     )
 
     queue_name: str = DEFAULT_QUEUE_NAME

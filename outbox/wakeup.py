@@ -49,9 +49,14 @@ def make_queue_client(settings: QueueSettings, *, encoded: bool = True) -> Queue
     """
     options = _CLIENT_OPTIONS if encoded else {**_CLIENT_OPTIONS, **_RAW}
     if settings.queue_connection is not None:
-        return QueueClient.from_connection_string(
-            settings.queue_connection.get_secret_value(), settings.queue_name, **options
-        )
+        try:
+            return QueueClient.from_connection_string(
+                settings.queue_connection.get_secret_value(), settings.queue_name, **options
+            )
+        except ValueError:  # its message never quotes the string, which holds the key
+            raise ConfigurationError(
+                "AzureWebJobsStorage is not a valid storage connection string"
+            ) from None
     account_url = settings.queue_service_uri or (
         f"https://{settings.queue_account_name}.queue.core.windows.net"
         if settings.queue_account_name

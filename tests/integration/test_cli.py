@@ -109,14 +109,43 @@ async def test_enqueue_command_commits_the_event_and_sends_a_hint(
 async def test_enqueue_command_refuses_a_payload_that_is_not_an_object(
     db: Any, database_url: str
 ) -> None:
+    # A bad argument: exit 2, as the CLI documents for bad settings or arguments.
     result = await run_cli("enqueue", "X", "[1]", env={"OUTBOX_DATABASE_URL": database_url})
-    assert result.returncode == 1
+    assert result.returncode == 2
     assert "error: payload must be a JSON object" in result.stderr
     nested = await run_cli("enqueue", "X", "[" * 40_000, env={"OUTBOX_DATABASE_URL": database_url})
-    assert nested.returncode == 1
+    assert nested.returncode == 2
     assert "error: payload is not valid JSON" in nested.stderr
     assert "Traceback" not in nested.stderr
     assert await db.fetchval("SELECT count(*) FROM outbox_messages") == 0
+
+
+async def test_enqueue_command_reports_the_committed_event_even_when_the_queue_is_misconfigured(
+    db: Any, database_url: str
+) -> None:
+    # The event is committed before the hint: a bad queue setting must not hide its id.
+    env = {"OUTBOX_DATABASE_URL": database_url, "AzureWebJobsStorage": "AccountKey=k3y;garbage"}
+    result = await run_cli("enqueue", "OrderCompleted", '{"orderId": 3}', env=env)
+    assert result.returncode == 0, result.stderr
+    output = json.loads(result.stdout)
+    assert output["hint_sent"] is False
+    assert await db.fetchval("SELECT count(*) FROM outbox_messages") == 1
+    assert str(await db.fetchval("SELECT outbox_message_id FROM outbox_messages")) == str(
+        output["message_id"]
+    )
+    assert "Traceback" not in result.stderr
+    assert "k3y" not in result.stderr
+
+
+async def test_a_configuration_error_found_late_exits_2(database_url: str, tmp_path: Any) -> None:
+    result = await run_cli(
+        "serve",
+        "--host-json",
+        str(tmp_path / "missing.json"),
+        env={"OUTBOX_DATABASE_URL": database_url},
+    )
+    assert result.returncode == 2
+    assert "error: host.json: cannot read" in result.stderr
 
 
 async def test_drain_command_refuses_a_budget_that_is_not_a_positive_number(

@@ -221,3 +221,19 @@ def test_settings_repr_hides_secrets(env: pytest.MonkeyPatch) -> None:
     assert "hunter2" not in text
     assert SECRET not in text
     assert "c3VwZXJzZWNyZXQ=" not in text
+
+
+@pytest.mark.parametrize("value", ["inf", "1e999", "nan"])
+def test_a_duration_setting_must_be_a_finite_number(env: pytest.MonkeyPatch, value: str) -> None:
+    # An infinite alert threshold would silently switch alerting off (and print as Infinity).
+    env.setenv("OUTBOX_ALERT_OLDEST_PENDING_SECONDS", value)
+    assert "OUTBOX_ALERT_OLDEST_PENDING_SECONDS" in load_error()
+
+
+def test_a_malformed_storage_connection_string_is_a_configuration_error() -> None:
+    from outbox.wakeup import make_queue_client
+
+    settings = QueueSettings.load(queue_connection="AccountKey=s3cr3t;garbage")
+    with pytest.raises(ConfigurationError, match="AzureWebJobsStorage") as info:
+        make_queue_client(settings)
+    assert "s3cr3t" not in str(info.value)
