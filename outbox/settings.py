@@ -40,6 +40,10 @@ _QUEUE_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
 # The `sslmode` values asyncpg understands (it also takes `_` for `-`).
 _SSL_MODES = ("disable", "allow", "prefer", "require", "verify-ca", "verify-full")
 _BAD_PORT = "has a port that is not a number from 1 to 65535"
+NOT_A_URL = "is not a valid URL (percent-encode special characters such as [ ] in a password)"
+# An OUTBOX_WEBHOOKS key is named in an error only if it looks like an event type or a field:
+# anything else may be a URL or a secret put in the wrong place.
+_NAMEABLE_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 
 # Environment names of fields whose name is not OUTBOX_<FIELD>.
 _ENV_NAMES = {
@@ -72,7 +76,10 @@ def _database_url_problem(url: str) -> str | None:
     It parses the URL as asyncpg does (several ``host:port`` pairs may be comma-separated, and
     ``host``/``port`` may come in the query) and never quotes it: the URL holds a password.
     """
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError:  # its message can quote part of the URL (brackets in a password)
+        return NOT_A_URL
     if parts.scheme not in ("postgres", "postgresql"):
         return "must be a postgresql:// URL"
     try:
@@ -122,7 +129,10 @@ class WebhookEndpoint(BaseModel):
     @field_validator("url")
     @classmethod
     def _check_url(cls, url: str) -> str:
-        parts = urlsplit(url)
+        try:
+            parts = urlsplit(url)
+        except ValueError:  # its message can quote part of the URL (brackets in a password)
+            raise ValueError(f"url {NOT_A_URL}") from None
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError("url must be an absolute http:// or https:// URL")
         # Caught here, not at each delivery, whose error must redact the URL (it may be a secret).
@@ -287,6 +297,14 @@ def _describe_location(loc: tuple[int | str, ...]) -> str:
     """``OUTBOX_WEBHOOKS['OrderCompleted'].secret: `` for a nested error, empty for a model one."""
     if not loc:
         return ""
-    key = f"[{str(loc[1])!r}]" if len(loc) > 1 else ""
-    rest = "".join(f".{part}" for part in loc[2:])
+    key = f"[{_shown(loc[1], quoted=True)}]" if len(loc) > 1 else ""
+    rest = "".join(f".{_shown(part)}" for part in loc[2:])
     return f"{env_name(str(loc[0]))}{key}{rest}: "
+
+
+def _shown(part: int | str, *, quoted: bool = False) -> str:
+    """A key or field name as it may be printed: ``<not shown>`` unless it looks like one."""
+    text = str(part)
+    if not _NAMEABLE_KEY.match(text):
+        return "<not shown>"
+    return repr(text) if quoted else text

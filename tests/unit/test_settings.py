@@ -237,3 +237,39 @@ def test_a_malformed_storage_connection_string_is_a_configuration_error() -> Non
     with pytest.raises(ConfigurationError, match="AzureWebJobsStorage") as info:
         make_queue_client(settings)
     assert "s3cr3t" not in str(info.value)
+
+
+def test_a_url_the_parser_cannot_read_is_refused_without_quoting_it(
+    env: pytest.MonkeyPatch,
+) -> None:
+    # urlsplit's own message quotes the part in brackets: here, a piece of the password.
+    env.setenv("OUTBOX_DATABASE_URL", "postgresql://outbox:Xk9[pQ7zR2]mW4@db.example.com/outbox")
+    env.setenv(
+        "OUTBOX_WEBHOOKS",
+        json.dumps({"OrderCompleted": {"url": "https://hook:Pw[Sk_live_42]@hooks.example.com/in"}}),
+    )
+    error = load_error()
+    assert "OUTBOX_DATABASE_URL: is not a valid URL" in error
+    assert "OUTBOX_WEBHOOKS['OrderCompleted'].url: url is not a valid URL" in error
+    assert "pQ7zR2" not in error
+    assert "Sk_live_42" not in error
+
+
+def test_keys_of_the_webhooks_setting_are_named_only_when_they_look_like_names(
+    env: pytest.MonkeyPatch,
+) -> None:
+    # A mapping written backwards, or a URL where a field name belongs: never echo them.
+    env.setenv(
+        "OUTBOX_WEBHOOKS",
+        json.dumps(
+            {
+                "https://hooks.slack.com/services/T0/B0/xoxbSecret": "OrderCompleted",
+                "OrderShipped": {"https://hooks.example.com/in/PathToken42": SECRET},
+            }
+        ),
+    )
+    error = load_error()
+    assert "xoxbSecret" not in error
+    assert "PathToken42" not in error
+    assert "OUTBOX_WEBHOOKS[<not shown>]" in error
+    assert "OUTBOX_WEBHOOKS['OrderShipped'].<not shown>: Extra inputs are not permitted" in error
