@@ -14,8 +14,11 @@ from outbox.redact import Redactor
 from outbox.settings import Settings, WebhookEndpoint
 from outbox.signing import Signer
 
-# At most this much of a response body is read: enough for an error snippet, never a 50 MB reply.
+# At most this much of a response body is kept: enough for an error snippet.
 MAX_SNIPPET_BYTES = 512
+# Read this much more before cutting, and redact first: a secret echoed across the cut would
+# otherwise keep its first half. Still never a 50 MB reply.
+REDACTION_SLACK_BYTES = 4096
 USER_AGENT = "outbox-relay/0.1"
 
 
@@ -127,7 +130,7 @@ class Publisher:
         async with self._session.post(
             url, data=body, headers=headers, allow_redirects=False, timeout=self._timeout
         ) as response:
-            chunk = await response.content.read(MAX_SNIPPET_BYTES)
+            chunk = await response.content.read(MAX_SNIPPET_BYTES + REDACTION_SLACK_BYTES)
             if not response.content.at_eof():
                 # Do not drain an unbounded body just to keep the connection: drop it.
                 response.close()
@@ -137,7 +140,7 @@ class Publisher:
             return Response(
                 status=response.status,
                 retry_after=response.headers.get("retry-after"),
-                snippet=self._redact(chunk.decode("utf-8", errors="replace")),
+                snippet=self._redact(chunk.decode("utf-8", errors="replace"))[:MAX_SNIPPET_BYTES],
             )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from urllib.parse import urlsplit
+from urllib.parse import unquote_plus, urlsplit
 
 import yarl
 
@@ -17,11 +17,20 @@ _URL_PASSWORD = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^/\s:@]*):[^@\s/]*@")
 
 
 def _url_forms(url: str) -> list[str]:
-    """``url``, and its path with query, as written and as the HTTP client normalises them."""
+    """``url`` and the parts of it a receiver or a library may echo: its path with query, the
+    path alone, and each token-like path segment or query value, raw and decoded; as written
+    and as the HTTP client normalises them."""
     forms = [url]
     parts = urlsplit(url)
     if parts.path.strip("/") or parts.query:
         forms.append(parts.path + ("?" + parts.query if parts.query else ""))
+    if parts.path.strip("/"):
+        forms.append(parts.path)
+    pieces = parts.path.split("/") + [
+        value for pair in parts.query.split("&") for value in pair.split("=")[1:]
+    ]
+    for piece in pieces:
+        forms += [text for text in (piece, unquote_plus(piece)) if _token_like(text)]
     try:
         normalised = yarl.URL(url)
     except (TypeError, ValueError):
@@ -30,6 +39,14 @@ def _url_forms(url: str) -> list[str]:
     if normalised.path.strip("/") or normalised.query_string:
         forms += [normalised.raw_path_qs, normalised.path_qs]
     return forms
+
+
+def _token_like(text: str) -> bool:
+    """Long, or with a digit among letters: worth hiding wherever it appears (a plain word like
+    "orders" or "v1" is not, or ordinary error text would be redacted too)."""
+    return len(text) >= 16 or (
+        len(text) >= 8 and any(c.isdigit() for c in text) and any(c.isalpha() for c in text)
+    )
 
 
 class Redactor:

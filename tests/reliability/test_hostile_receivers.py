@@ -227,3 +227,26 @@ async def test_a_retry_after_of_non_ascii_digits_is_ignored_not_fatal(
     assert (summary.retried, summary.unrecorded, summary.error) == (3, 0, None)
     for message_id in ids:
         await assert_retried_with_a_bounded_error(db, message_id, "HTTP 503")
+
+
+async def test_a_url_echoed_across_the_snippet_limit_is_not_cut_in_half(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    # Redacting after cutting would leave the first half of a token that straddles the cut.
+    url = receiver.url("/orders/CUTt0kenSecretLongValue")
+    # 512 bytes end eight characters into the token.
+    padding = 512 - len(" url=") - url.index("CUT") - 8
+    receiver.script(
+        "/orders/CUTt0kenSecretLongValue", Reply(500, b"x" * padding + f" url={url}".encode())
+    )
+    [message_id] = await seed(db)
+    settings = make_settings(webhooks=webhooks_to(url))
+    async with open_relay(settings) as relay:
+        await relay.processor.execute()
+    snippet = await db.fetchval(
+        "SELECT response_snippet FROM outbox_attempts WHERE outbox_message_id = $1", message_id
+    )
+    stored = await row(db, message_id)
+    for text in (snippet, stored["last_error"]):
+        assert "CUTt0ken" not in text
+        assert "/orders/" not in text

@@ -50,3 +50,20 @@ def test_a_webhook_url_is_redacted_as_the_http_client_prints_it_too() -> None:
     text = redact(f"ClientResponseError: 400, url='{printed}'")
     assert "tok3n" not in text
     assert "/workflows/w1/invoke" not in text
+
+
+def test_parts_of_a_webhook_url_a_receiver_may_echo_are_redacted_too() -> None:
+    url = "http://h.example/express/hooks/PATHtok3nSecret?sig=qs&key=QUERYt0kenSecret&n=TOK%2Bsecret123"
+    redact = Redactor.from_settings(
+        Settings.load(database_url="postgresql://db.example.com/app", webhooks={"A": {"url": url}})
+    )
+    for echoed in (
+        "<pre>Cannot POST /express/hooks/PATHtok3nSecret</pre>",  # the path alone (Express)
+        '{"error": "invalid api key QUERYt0kenSecret"}',  # one query value
+        "token TOK+secret123 expired",  # a query value as the receiver decoded it
+    ):
+        text = redact(echoed)
+        assert "PATHtok3nSecret" not in text
+        assert "QUERYt0kenSecret" not in text
+        assert "TOK+secret123" not in text
+    assert redact("HTTP 500: internal error at /express") == "HTTP 500: internal error at /express"
