@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import asyncpg
@@ -13,7 +14,8 @@ import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from outbox import store
-from outbox.processor import OutboxProcessor, shielded
+from outbox.models import DrainSummary
+from outbox.processor import Deliver, OutboxProcessor, shielded
 from outbox.publisher import Publisher
 from outbox.settings import QueueSettings
 from outbox.wakeup import WakeUpQueue
@@ -278,6 +280,14 @@ async def test_outcomes_of_a_batch_are_written_in_one_statement(
     assert [name for name, _ in pool.calls].count("lease_batch") == 4  # the last one finds nothing
 
 
+async def drain_with_delivery(settings: Any, wrap: Callable[[Deliver], Deliver]) -> DrainSummary:
+    """One run of a processor whose delivery a test wraps, to inject a fault at that edge."""
+    async with open_relay(settings) as relay:
+        publish = Publisher.from_settings(relay.session, settings).deliver
+        processor = OutboxProcessor(relay.pool, wrap(publish), settings)
+        return await asyncio.wait_for(processor.execute(), 60)  # a guard against a hang
+
+
 class LostReplyPool:
     """A pool whose first outcome write commits, but whose reply is lost on the way back."""
 
@@ -367,17 +377,16 @@ async def test_an_exception_escaping_a_delivery_is_recorded_and_the_rest_still_d
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
     ids = await seed(db, 5)
-    settings = make_settings(concurrency=2)
-    async with open_relay(settings) as relay:
-        publish = Publisher.from_settings(relay.session, settings).deliver
 
+    def faulty(publish: Deliver) -> Deliver:
         async def deliver(message: Any) -> Any:
             if message.message_id == ids[1]:
                 raise RuntimeError(f"bug while sending with {SECRET}")
             return await publish(message)
 
-        processor = OutboxProcessor(relay.pool, deliver, settings)
-        summary = await processor.execute()
+        return deliver
+
+    summary = await drain_with_delivery(make_settings(concurrency=2), faulty)
     # The delivery loop that met the exception went on: every other message was delivered.
     assert (summary.processed, summary.retried) == (4, 1)
     assert sorted(r.webhook_id for r in receiver.to("/orders")) == sorted(
@@ -393,17 +402,16 @@ async def test_a_result_that_cannot_be_classified_is_retried_and_the_batch_still
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
     ids = await seed(db, 5)
-    settings = make_settings()
-    async with open_relay(settings) as relay:
-        publish = Publisher.from_settings(relay.session, settings).deliver
 
+    def odd(publish: Deliver) -> Deliver:
         async def deliver(message: Any) -> Any:
             result = await publish(message)
             # An answer nobody foresaw: deciding its outcome raises (here: not a result at all).
             return f"odd answer {SECRET}" if message.message_id == ids[2] else result
 
-        processor = OutboxProcessor(relay.pool, deliver, settings)
-        summary = await processor.execute()
+        return deliver
+
+    summary = await drain_with_delivery(make_settings(), odd)
     assert (summary.processed, summary.retried, summary.unrecorded) == (4, 1, 0)
     odd = await row(db, ids[2])
     assert (odd["status"], odd["attempt_count"]) == ("Pending", 1)
@@ -609,17 +617,16 @@ async def test_a_cancelled_error_raised_by_a_delivery_is_that_message_s_outcome(
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
     ids = await seed(db, 5)
-    settings = make_settings(concurrency=1)
-    async with open_relay(settings) as relay:
-        publish = Publisher.from_settings(relay.session, settings).deliver
 
+    def cancelling(publish: Deliver) -> Deliver:
         async def deliver(message: Any) -> Any:
             if message.message_id == ids[1]:
                 raise asyncio.CancelledError  # from inside a library, not a cancellation of ours
             return await publish(message)
 
-        processor = OutboxProcessor(relay.pool, deliver, settings)
-        summary = await asyncio.wait_for(processor.execute(), 60)  # a guard against a hang
+        return deliver
+
+    summary = await drain_with_delivery(make_settings(concurrency=1), cancelling)
     assert (summary.processed, summary.retried) == (4, 1)
     assert (await row(db, ids[1]))["last_error"].startswith("unexpected CancelledError")
 
