@@ -288,6 +288,20 @@ async def drain_with_delivery(settings: Any, wrap: Callable[[Deliver], Deliver])
         return await asyncio.wait_for(processor.execute(), 60)  # a guard against a hang
 
 
+def raising_for(message_id: Any, error: BaseException) -> Callable[[Deliver], Deliver]:
+    """A delivery wrapper that raises ``error`` for one message and delivers the others."""
+
+    def wrap(publish: Deliver) -> Deliver:
+        async def deliver(message: Any) -> Any:
+            if message.message_id == message_id:
+                raise error
+            return await publish(message)
+
+        return deliver
+
+    return wrap
+
+
 class LostReplyPool:
     """A pool whose first outcome write commits, but whose reply is lost on the way back."""
 
@@ -378,14 +392,7 @@ async def test_an_exception_escaping_a_delivery_is_recorded_and_the_rest_still_d
 ) -> None:
     ids = await seed(db, 5)
 
-    def faulty(publish: Deliver) -> Deliver:
-        async def deliver(message: Any) -> Any:
-            if message.message_id == ids[1]:
-                raise RuntimeError(f"bug while sending with {SECRET}")
-            return await publish(message)
-
-        return deliver
-
+    faulty = raising_for(ids[1], RuntimeError(f"bug while sending with {SECRET}"))
     summary = await drain_with_delivery(make_settings(concurrency=2), faulty)
     # The delivery loop that met the exception went on: every other message was delivered.
     assert (summary.processed, summary.retried) == (4, 1)
@@ -618,14 +625,8 @@ async def test_a_cancelled_error_raised_by_a_delivery_is_that_message_s_outcome(
 ) -> None:
     ids = await seed(db, 5)
 
-    def cancelling(publish: Deliver) -> Deliver:
-        async def deliver(message: Any) -> Any:
-            if message.message_id == ids[1]:
-                raise asyncio.CancelledError  # from inside a library, not a cancellation of ours
-            return await publish(message)
-
-        return deliver
-
+    # Raised from inside a library, not a cancellation of the run.
+    cancelling = raising_for(ids[1], asyncio.CancelledError())
     summary = await drain_with_delivery(make_settings(concurrency=1), cancelling)
     assert (summary.processed, summary.retried) == (4, 1)
     assert (await row(db, ids[1]))["last_error"].startswith("unexpected CancelledError")
