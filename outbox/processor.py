@@ -155,7 +155,7 @@ class OutboxProcessor:
             raise
         finally:
             try:
-                await _finish(batches)
+                await self._finish(batches)
             finally:
                 # Also when cancelled while the last batches finish: no loop outlives the run.
                 for task in loops:
@@ -210,7 +210,7 @@ class OutboxProcessor:
             if len(leased) < self._settings.batch_size:
                 # Caught up: let the in-flight batches finish (their retries may come due), then
                 # lease once more; the run ends on an empty lease with nothing in flight.
-                await _finish(batches)
+                await self._finish(batches)
 
     async def _deliver_loop(self, work: asyncio.Queue[_Work]) -> None:
         """One of the run's delivery loops: leased messages one at a time, in lease order."""
@@ -343,6 +343,19 @@ class OutboxProcessor:
             stale=batch.stale,
         )
 
+    async def _finish(self, tasks: set[asyncio.Task[None]]) -> None:
+        """Wait for every task in ``tasks``; their own errors are logged (redacted), not raised."""
+        while tasks:
+            snapshot = list(tasks)
+            results = await asyncio.gather(*snapshot, return_exceptions=True)
+            for result in results:
+                if isinstance(result, BaseException) and not isinstance(
+                    result, asyncio.CancelledError
+                ):
+                    text = self._redact(f"{type(result).__name__}: {result}")
+                    logger.error("outbox batch failed: %s", text)
+            tasks.difference_update(snapshot)
+
     def _report_database_error(self, summary: DrainSummary, exc: BaseException) -> None:
         self._report_error(summary, f"database error: {type(exc).__name__}: {exc}")
 
@@ -410,14 +423,3 @@ async def shielded(coro: Coroutine[Any, Any, T]) -> T:
         if cancelled:
             raise asyncio.CancelledError
         return result
-
-
-async def _finish(tasks: set[asyncio.Task[None]]) -> None:
-    """Wait for every task in ``tasks``; their own errors are logged, not raised here."""
-    while tasks:
-        snapshot = list(tasks)
-        results = await asyncio.gather(*snapshot, return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                logger.error("outbox batch failed: %s: %s", type(result).__name__, result)
-        tasks.difference_update(snapshot)

@@ -405,6 +405,28 @@ async def test_an_exception_escaping_a_delivery_is_recorded_and_the_rest_still_d
     assert SECRET not in broken["last_error"]
 
 
+async def test_a_batch_that_fails_outside_its_deliveries_is_logged_without_secrets(
+    db: Any, receiver: Receiver, make_settings: Any, monkeypatch: Any, caplog: Any
+) -> None:
+    await seed(db, 3)
+
+    def broken(*_: Any) -> Any:
+        raise RuntimeError(f"a bug while deciding an outcome, near {SECRET}")
+
+    # No input is known to get here; a bug would, and its text may quote a secret.
+    monkeypatch.setattr(OutboxProcessor, "_outcome", broken)
+    settings = make_settings()
+    async with open_relay(settings) as relay:
+        processor = OutboxProcessor(
+            relay.pool, Publisher.from_settings(relay.session, settings).deliver, settings
+        )
+        await asyncio.wait_for(processor.execute(), 60)
+    logged = [r.getMessage() for r in caplog.records if "batch failed" in r.getMessage()]
+    assert logged
+    assert logged[0].startswith("outbox batch failed: RuntimeError: a bug while deciding")
+    assert SECRET not in caplog.text
+
+
 async def test_a_result_that_cannot_be_classified_is_retried_and_the_batch_still_recorded(
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
