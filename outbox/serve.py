@@ -25,6 +25,7 @@ import logging
 import os
 import re
 import signal
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -41,8 +42,9 @@ from azure.storage.queue.aio import QueueClient
 
 from outbox.errors import ConfigurationError
 from outbox.ncrontab import Schedule
+from outbox.redact import Redactor
 from outbox.runtime import close_shared_relay, stop_shared_relay
-from outbox.settings import QueueSettings
+from outbox.settings import QueueSettings, Settings
 from outbox.wakeup import make_queue_client
 
 logger = logging.getLogger("outbox.serve")
@@ -212,8 +214,19 @@ def _raw_client(settings: QueueSettings, queue: str) -> QueueClient:
     return make_queue_client(settings.model_copy(update={"queue_name": queue}), encoded=False)
 
 
-async def run_timer(binding: Binding, stopping: asyncio.Event) -> None:
+def failure_redactor() -> Redactor:
+    """What hides the app's secrets in serve's own failure logs (credential shapes at least)."""
+    try:
+        return Redactor.from_settings(Settings.load())
+    except ConfigurationError:
+        return Redactor([])  # the functions themselves will say which setting is wrong
+
+
+async def run_timer(
+    binding: Binding, stopping: asyncio.Event, redact: Redactor | None = None
+) -> None:
     """Call a timer-triggered function at each firing of its schedule."""
+    redact = redact or Redactor([])
     schedule = Schedule.parse(binding.trigger["schedule"])
     while not stopping.is_set():
         due = schedule.next_after(datetime.now(UTC))
@@ -225,21 +238,23 @@ async def run_timer(binding: Binding, stopping: asyncio.Event) -> None:
         try:
             await binding.function(TimerRequest(past_due=late))
         except Exception as exc:  # noqa: BLE001 - the next firing tries again
-            logger.error("%s failed: %s", binding.name, exc)
+            logger.error("%s failed: %s", binding.name, redact(f"{type(exc).__name__}: {exc}"))
 
 
-def http_app(bindings: list[Binding], key: str | None) -> web.Application:
+def http_app(
+    bindings: list[Binding], key: str | None, redact: Redactor | None = None
+) -> web.Application:
     """``/api/<route>`` for each HTTP-triggered function, with function-key checks."""
     app = web.Application(client_max_size=1024 * 1024)
     for binding in bindings:
-        handler = _http_handler(binding, key)
+        handler = _http_handler(binding, key, redact or Redactor([]))
         for method in binding.trigger.get("methods") or ["GET", "POST"]:
             app.router.add_route(method.upper(), f"/api/{binding.trigger['route']}", handler)
     return app
 
 
 def _http_handler(
-    binding: Binding, key: str | None
+    binding: Binding, key: str | None, redact: Redactor
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     needs_key = binding.trigger.get("authLevel", "FUNCTION").upper() != "ANONYMOUS"
 
@@ -257,8 +272,8 @@ def _http_handler(
         )
         try:
             response = await binding.function(invocation)
-        except Exception:
-            logger.exception("%s failed", binding.name)
+        except Exception:  # noqa: BLE001 - a 500, and the traceback (redacted) in the log
+            logger.error("%s failed: %s", binding.name, redact(traceback.format_exc()))
             return web.json_response({"error": "internal error"}, status=500)
         return web.Response(
             body=response.get_body(),
@@ -286,9 +301,12 @@ class ServeOptions:
     key: str | None = None
 
 
-async def start_http(bindings: list[Binding], options: ServeOptions) -> web.AppRunner:
+async def start_http(
+    bindings: list[Binding], options: ServeOptions, redact: Redactor | None = None
+) -> web.AppRunner:
     """The HTTP functions, listening; a port that cannot be had is said plainly."""
-    runner = web.AppRunner(http_app(bindings, options.key), access_log=None, shutdown_timeout=5)
+    app = http_app(bindings, options.key, redact)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
     await runner.setup()
     try:
         await web.TCPSite(runner, options.host, options.port).start()
@@ -311,7 +329,8 @@ async def serve(app: func.FunctionApp, options: ServeOptions, stopping: asyncio.
         if b.trigger["type"] == "queueTrigger"
     ]
     http = [b for b in bindings if b.trigger["type"] == "httpTrigger"]
-    runner = await start_http(http, options)
+    redact = failure_redactor()
+    runner = await start_http(http, options, redact)
     logger.info(
         "serving %d functions; HTTP on http://%s:%d/api/ (%s)",
         len(bindings),
@@ -323,7 +342,7 @@ async def serve(app: func.FunctionApp, options: ServeOptions, stopping: asyncio.
     )
     tasks = [asyncio.create_task(listener.run(stopping)) for listener in listeners]
     tasks += [
-        asyncio.create_task(run_timer(b, stopping))
+        asyncio.create_task(run_timer(b, stopping, redact))
         for b in bindings
         if b.trigger["type"] == "timerTrigger"
     ]

@@ -1,8 +1,9 @@
-"""``outbox serve``'s own checks: function keys on raw requests, host.json, its port."""
+"""``outbox serve``'s own checks: function keys on raw requests, host.json, its port, its logs."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import socket
 from pathlib import Path
@@ -12,7 +13,16 @@ import pytest
 from aiohttp import test_utils
 
 from outbox.errors import ConfigurationError
-from outbox.serve import Binding, QueueOptions, ServeOptions, http_app, start_http
+from outbox.redact import Redactor
+from outbox.serve import (
+    Binding,
+    QueueOptions,
+    ServeOptions,
+    failure_redactor,
+    http_app,
+    run_timer,
+    start_http,
+)
 
 KEY = "serve-unit-function-key-0123456789"
 
@@ -82,3 +92,54 @@ async def test_a_port_in_use_is_reported_as_such() -> None:
         expected = re.escape(f"cannot listen on 127.0.0.1:{port}")
         with pytest.raises(ConfigurationError, match=expected):
             await start_http([binding], ServeOptions(port=port))
+
+
+TOKEN = "sv=2024&sig=c2VydmUtdW5pdC1zZWNyZXQtdG9rZW4"
+
+
+async def boom(*_: object) -> None:
+    raise RuntimeError(f"a bug that quotes https://hooks.example/in?{TOKEN}")
+
+
+async def test_a_failing_http_function_answers_500_and_logs_no_secret(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    binding = Binding("drain", {"route": "outbox/drain", "methods": ["POST"]}, boom)
+    redact = Redactor([f"https://hooks.example/in?{TOKEN}"])
+    async with test_utils.TestServer(http_app([binding], KEY, redact)) as server:
+        assert await raw_status(server, b"x-functions-key: " + KEY.encode()) == 500
+    assert "drain failed: Traceback" in caplog.text
+    assert "RuntimeError: a bug that quotes [redacted]" in caplog.text
+    assert "c2VydmUtdW5pdC1zZWNyZXQtdG9rZW4" not in caplog.text
+
+
+async def test_a_failing_timer_function_is_logged_without_its_secret(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stopping = asyncio.Event()
+    fired = asyncio.Event()
+
+    async def failing(_: object) -> None:
+        fired.set()
+        await boom()
+
+    binding = Binding("sweep", {"schedule": "* * * * * *"}, failing)
+    redact = Redactor([f"https://hooks.example/in?{TOKEN}"])
+    timer = asyncio.create_task(run_timer(binding, stopping, redact))
+    await asyncio.wait_for(fired.wait(), 30)
+    stopping.set()
+    await asyncio.wait_for(timer, 30)
+    assert "sweep failed: RuntimeError: a bug that quotes [redacted]" in caplog.text
+    assert "c2VydmUtdW5pdC1zZWNyZXQtdG9rZW4" not in caplog.text
+
+
+def test_serve_hides_the_app_s_secrets_and_credential_shapes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = "https://hooks.example/in/Zq8u2RkWq0PbX7Lm"
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", "postgresql://app:pa55word@db.example:5432/app")
+    monkeypatch.setenv("OUTBOX_WEBHOOKS", json.dumps({"OrderCompleted": {"url": url}}))
+    redact = failure_redactor()
+    assert redact(f"failed: {url} as app:pa55word") == "failed: [redacted] as app:[redacted]"
+    monkeypatch.setenv("OUTBOX_WEBHOOKS", "{not json")
+    assert failure_redactor()("AccountKey=abc123==;") == "AccountKey=[redacted];"
