@@ -18,17 +18,22 @@ _URL_PASSWORD = re.compile(r"(?i)(\b[a-z][a-z0-9+.-]*://[^/\s:@]*):[^@\s/]*@")
 
 def _url_forms(url: str) -> list[str]:
     """``url`` and the parts of it a receiver or a library may echo: its path with query, the
-    path alone, and each token-like path segment or query value, raw and decoded; as written
-    and as the HTTP client normalises them."""
+    path alone, and each token-like host label, path segment or query value, raw and decoded;
+    as written and as the HTTP client normalises them."""
     forms = [url]
     parts = urlsplit(url)
     if parts.path.strip("/") or parts.query:
         forms.append(parts.path + ("?" + parts.query if parts.query else ""))
     if parts.path.strip("/"):
         forms.append(parts.path)
-    pieces = parts.path.split("/") + [
-        value for pair in parts.query.split("&") for value in pair.split("=")[1:]
-    ]
+    # A host label can be the capability itself ("https://eo5f1c2a9b8d.m.pipedream.net"), and
+    # connection and DNS errors quote the host.
+    labels = (parts.hostname or "").split(".")
+    pieces = (
+        labels
+        + parts.path.split("/")
+        + [value for pair in parts.query.split("&") for value in pair.split("=")[1:]]
+    )
     for piece in pieces:
         forms += [text for text in (piece, unquote_plus(piece)) if _token_like(text)]
     try:

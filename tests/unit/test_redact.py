@@ -67,3 +67,24 @@ def test_parts_of_a_webhook_url_a_receiver_may_echo_are_redacted_too() -> None:
         assert "QUERYt0kenSecret" not in text
         assert "TOK+secret123" not in text
     assert redact("HTTP 500: internal error at /express") == "HTTP 500: internal error at /express"
+
+
+def test_a_token_like_host_label_is_redacted_where_errors_quote_the_host() -> None:
+    url = "https://eo5f1c2a9b8d7e6.m.pipedream.net/"
+    redact = Redactor.from_settings(
+        Settings.load(database_url="postgresql://db.example.com/app", webhooks={"A": {"url": url}})
+    )
+    error = (
+        "ClientConnectorDNSError: Cannot connect to host eo5f1c2a9b8d7e6.m.pipedream.net:443 "
+        "ssl:default [Name or service not known]"
+    )
+    assert "eo5f1c2a9b8d7e6" not in redact(error)
+    assert "[redacted].m.pipedream.net:443" in redact(error)
+    # Plain host names stay readable.
+    plain = Redactor.from_settings(
+        Settings.load(
+            database_url="postgresql://db.example.com/app",
+            webhooks={"A": {"url": "https://hooks.example.com/in"}},
+        )
+    )
+    assert plain("host hooks.example.com:443") == "host hooks.example.com:443"
