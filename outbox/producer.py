@@ -31,7 +31,7 @@ from pydantic import BaseModel
 
 from outbox import store
 from outbox.errors import DuplicateMessageError, InvalidMessageError, TransactionRequiredError
-from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES
+from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
 from outbox.wakeup import WakeUpQueue
 
 Payload = Mapping[str, Any] | BaseModel
@@ -49,7 +49,7 @@ async def enqueue(
     *,
     message_id: uuid.UUID | None = None,
     ordering_key: str | None = None,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    max_payload_bytes: int | None = None,
 ) -> uuid.UUID:
     """Insert a Pending outbox row on ``conn``, inside the transaction the caller has open.
 
@@ -60,10 +60,14 @@ async def enqueue(
     Messages with the same ``ordering_key`` (e.g. ``"order-42"``) are delivered one at a time in
     enqueue order: one is not sent while an earlier one with the key is still waiting or retrying.
     Messages without a key are delivered in parallel.
+
+    A payload larger than ``max_payload_bytes`` (by default ``OUTBOX_MAX_PAYLOAD_BYTES`` from the
+    environment, else 1 MiB, the relay's own default) is refused.
     """
     check_event_type(event_type)
     check_ordering_key(ordering_key)
-    body = serialise_payload(payload, max_payload_bytes)
+    limit = payload_limit() if max_payload_bytes is None else max_payload_bytes
+    body = serialise_payload(payload, limit)
     if not _in_transaction(conn):
         raise TransactionRequiredError(
             "enqueue must run inside the transaction that writes your business rows "
@@ -95,7 +99,7 @@ async def notify(queue: WakeUpQueue | None = None) -> bool:
 class OutboxTransaction:
     """Handed out by ``transaction()``: enqueues on the transaction's connection."""
 
-    def __init__(self, conn: store.Connection, max_payload_bytes: int) -> None:
+    def __init__(self, conn: store.Connection, max_payload_bytes: int | None) -> None:
         self._conn = conn
         self._max_payload_bytes = max_payload_bytes
         self.message_ids: list[uuid.UUID] = []
@@ -125,7 +129,7 @@ async def transaction(
     conn: store.Connection,
     queue: WakeUpQueue | None = None,
     *,
-    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    max_payload_bytes: int | None = None,
 ) -> AsyncIterator[OutboxTransaction]:
     """Open a transaction on ``conn``; after it commits, send one hint if anything was enqueued."""
     if _in_transaction(conn):

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 import math
+import os
 import re
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Self
@@ -34,6 +36,7 @@ from outbox.errors import ConfigurationError
 SECRET_PREFIX = "whsec_"  # noqa: S105 - the Standard Webhooks prefix, not a secret
 DEFAULT_QUEUE_NAME = "outbox-wakeup"
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
+PayloadLimit = Annotated[int, Field(ge=1024, le=64 * 1_048_576)]
 # Azure Storage queue names: 3-63 characters, lowercase letters, digits and single hyphens.
 _QUEUE_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
 
@@ -226,7 +229,7 @@ class Settings(QueueSettings):
     http_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
     concurrency: int = Field(default=16, ge=1, le=256)
     run_budget_seconds: float = Field(default=240.0, gt=0, le=3600)
-    max_payload_bytes: int = Field(default=DEFAULT_MAX_PAYLOAD_BYTES, ge=1024, le=64 * 1_048_576)
+    max_payload_bytes: PayloadLimit = DEFAULT_MAX_PAYLOAD_BYTES
     db_pool_size: int = Field(default=4, ge=2, le=100)
     ordering_on_failure: Literal["hold", "release"] = "hold"
     alert_oldest_pending_seconds: float = Field(default=900.0, gt=0)
@@ -280,6 +283,28 @@ class Settings(QueueSettings):
     def batch_rounds(self) -> int:
         """How many delivery rounds one batch takes at full concurrency."""
         return math.ceil(self.batch_size / self.concurrency)
+
+
+class _PayloadLimitSetting(BaseModel):
+    max_payload_bytes: PayloadLimit
+
+
+def payload_limit() -> int:
+    """``OUTBOX_MAX_PAYLOAD_BYTES`` as producers apply it (the default where it is not set).
+
+    Read at each call, as the relay's Settings read it, so one setting governs both sides.
+    """
+    return _payload_limit(os.environ.get(env_name("max_payload_bytes")))
+
+
+@functools.lru_cache(maxsize=16)
+def _payload_limit(raw: str | None) -> int:
+    if raw is None:
+        return DEFAULT_MAX_PAYLOAD_BYTES
+    try:
+        return _PayloadLimitSetting(max_payload_bytes=raw).max_payload_bytes
+    except ValidationError as exc:
+        raise ConfigurationError(describe_errors(exc)) from None
 
 
 def describe_errors(exc: ValidationError) -> str:

@@ -13,7 +13,12 @@ from azure.storage.queue.aio import QueueClient
 from pydantic import BaseModel, ConfigDict
 
 import outbox
-from outbox.errors import DuplicateMessageError, InvalidMessageError, TransactionRequiredError
+from outbox.errors import (
+    ConfigurationError,
+    DuplicateMessageError,
+    InvalidMessageError,
+    TransactionRequiredError,
+)
 from outbox.settings import QueueSettings
 from outbox.wakeup import WakeUpQueue
 from tests.support.azure import connection_string, free_port
@@ -116,6 +121,28 @@ async def test_an_unstorable_payload_is_refused_and_the_transaction_stays_usable
         await outbox.enqueue(orders, "OrderCompleted", {"orderId": 1})
     assert await orders.fetchval("SELECT count(*) FROM orders") == 1
     assert len(await outbox_rows(orders)) == 1
+
+
+async def test_the_payload_limit_is_the_relay_s_setting_unless_given(
+    orders: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    big = {"text": "x" * 1_500_000}  # above the 1 MiB default
+    async with orders.transaction():
+        with pytest.raises(InvalidMessageError, match="above the limit of 1048576"):
+            await outbox.enqueue(orders, "OrderCompleted", big)
+        monkeypatch.setenv("OUTBOX_MAX_PAYLOAD_BYTES", "2097152")
+        await outbox.enqueue(orders, "OrderCompleted", big)
+        monkeypatch.setenv("OUTBOX_MAX_PAYLOAD_BYTES", "2048")
+        with pytest.raises(InvalidMessageError, match="above the limit of 2048"):
+            await outbox.enqueue(orders, "OrderCompleted", {"text": "x" * 3000})
+        # The keyword wins over the setting.
+        await outbox.enqueue(orders, "OrderCompleted", {"text": "x" * 3000}, max_payload_bytes=4096)
+        monkeypatch.setenv("OUTBOX_MAX_PAYLOAD_BYTES", "lots")
+        with pytest.raises(ConfigurationError, match="OUTBOX_MAX_PAYLOAD_BYTES: Input should be"):
+            await outbox.enqueue(orders, "OrderCompleted", {"orderId": 1})
+        await orders.execute("INSERT INTO orders VALUES (1, 'completed')")
+    assert await orders.fetchval("SELECT count(*) FROM orders") == 1
+    assert len(await outbox_rows(orders)) == 2
 
 
 async def test_a_literal_backslash_u0000_in_the_payload_is_stored_as_text(db: Any) -> None:
