@@ -20,7 +20,7 @@ from outbox.store import Connection
 
 
 async def create_pool(settings: Settings) -> Connection:
-    """A small asyncpg pool: the processor holds at most one connection per in-flight batch.
+    """A small asyncpg pool: one run holds at most four connections (a lease, outcome writes).
 
     It connects on first use, not here, so an unreachable database surfaces as a run's error.
     """

@@ -134,6 +134,7 @@ def test_requirements_are_runtime_only_and_never_the_worker() -> None:
         (".venv/bin/python", False),
         ("local.settings.json", False),
         ("requirements-dev.txt", False),
+        ("README.md", False),
         (".local/pgdata/PG_VERSION", False),
     ],
 )
