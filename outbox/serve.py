@@ -45,7 +45,7 @@ from outbox.ncrontab import Schedule
 from outbox.redact import Redactor
 from outbox.runtime import close_shared_relay, stop_shared_relay
 from outbox.settings import QueueSettings, Settings
-from outbox.wakeup import make_queue_client
+from outbox.wakeup import close_queue_client, make_queue_client
 
 logger = logging.getLogger("outbox.serve")
 
@@ -160,8 +160,8 @@ class QueueListener:
                     await asyncio.wait_for(stopping.wait(), idle)
 
     async def close(self) -> None:
-        await self.queue.close()
-        await self.poison.close()
+        await close_queue_client(self.queue)
+        await close_queue_client(self.poison)
 
     async def _receive_one(self) -> bool:
         messages = self.queue.receive_messages(

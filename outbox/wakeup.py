@@ -79,12 +79,33 @@ def make_queue_client(settings: QueueSettings, *, encoded: bool = True) -> Queue
     )
 
 
+async def close_queue_client(client: QueueClient, *, with_credential: bool = True) -> None:
+    """Close a client from ``make_queue_client``, and the identity credential it made for it.
+
+    Closing a client does not close its credential; an unclosed ``DefaultAzureCredential``
+    keeps an HTTP session (and its sockets) open.
+    """
+    credential = getattr(client, "credential", None) if with_credential else None
+    await client.close()
+    close = getattr(credential, "close", None)
+    if close is not None and asyncio.iscoroutinefunction(close):
+        await close()
+
+
 class WakeUpQueue(Closeable):
     """Sends hints to the wake-up queue; reuse one per process (it holds an HTTP session)."""
 
-    def __init__(self, client: QueueClient, *, redact: Redactor | None = None) -> None:
+    def __init__(
+        self,
+        client: QueueClient,
+        *,
+        redact: Redactor | None = None,
+        owns_credential: bool = False,
+    ) -> None:
         self.client = client
         self._redact = redact or Redactor([])
+        # from_settings makes the credential of an identity connection: it closes it too.
+        self._owns_credential = owns_credential
 
     @classmethod
     def from_settings(cls, settings: QueueSettings | None = None) -> Self:
@@ -92,7 +113,7 @@ class WakeUpQueue(Closeable):
         secrets = (
             [settings.queue_connection.get_secret_value()] if settings.queue_connection else []
         )
-        return cls(make_queue_client(settings), redact=Redactor(secrets))
+        return cls(make_queue_client(settings), redact=Redactor(secrets), owns_credential=True)
 
     async def notify(self) -> bool:
         """Send one hint. Never raises: on failure it logs a warning and returns False.
@@ -126,4 +147,4 @@ class WakeUpQueue(Closeable):
             await self.client.send_message(hint_message())
 
     async def close(self) -> None:
-        await self.client.close()
+        await close_queue_client(self.client, with_credential=self._owns_credential)

@@ -3,9 +3,11 @@ from __future__ import annotations
 import base64
 import json
 import logging
+import sys
+import types
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 import asyncpg
 import pytest
@@ -196,6 +198,48 @@ async def test_notify_without_any_queue_configured_only_warns(
     with caplog.at_level(logging.WARNING):
         assert await outbox.notify() is False
     assert "no wake-up queue configured" in caplog.text
+
+
+class RecordingCredential:
+    """Stands in for azure-identity's DefaultAzureCredential: counts what is made and closed."""
+
+    made: ClassVar[list[RecordingCredential]] = []
+
+    def __init__(self) -> None:
+        self.closed = False
+        RecordingCredential.made.append(self)
+
+    async def get_token(self, *scopes: str, **kwargs: Any) -> Any:
+        from azure.core.credentials import AccessToken
+
+        return AccessToken("token", 2**31)
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_identity_hints_close_the_credential_they_made(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Closing a QueueClient leaves its credential open; each one holds an HTTP session.
+    identity = types.ModuleType("azure.identity.aio")
+    identity.DefaultAzureCredential = RecordingCredential  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "azure.identity.aio", identity)
+    monkeypatch.setattr(RecordingCredential, "made", [])
+    monkeypatch.delenv("AzureWebJobsStorage", raising=False)
+    # Nobody listens there: the hint fails quickly, as far as the credential is concerned alike.
+    monkeypatch.setenv("AzureWebJobsStorage__queueServiceUri", f"https://127.0.0.1:{free_port()}")
+    assert await outbox.notify() is False
+    async with WakeUpQueue.from_settings():
+        pass
+    assert len(RecordingCredential.made) == 2
+    assert all(credential.closed for credential in RecordingCredential.made)
+    # A client of the caller's own keeps its credential: the caller may share it.
+    theirs = RecordingCredential()
+    client = QueueClient("https://acct.queue.core.windows.net", "q", credential=theirs)
+    async with WakeUpQueue(client):
+        pass
+    assert not theirs.closed
 
 
 async def test_notify_sends_one_base64_json_hint_without_business_data(
