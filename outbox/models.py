@@ -32,6 +32,7 @@ class LeasedMessage:
     attempt: int  # attempt_count after the lease: 1 on the first delivery
     lease_token: UUID
     created_at: datetime
+    ordering_key: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> LeasedMessage:
@@ -43,6 +44,7 @@ class LeasedMessage:
             attempt=row["attempt_count"],
             lease_token=row["lease_token"],
             created_at=row["created_at"],
+            ordering_key=row["ordering_key"],
         )
 
 

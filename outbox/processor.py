@@ -129,8 +129,16 @@ class OutboxProcessor:
         """Make running drains finish what is in flight, release the rest, and return."""
         self._stopping = True
 
-    async def execute(self, budget_seconds: float | None = None) -> DrainSummary:
+    async def execute(
+        self, budget_seconds: float | None = None, *, until_caught_up: bool = False
+    ) -> DrainSummary:
         """Deliver due messages until none is due, the budget is spent, or ``stop()`` is called.
+
+        ``until_caught_up`` (a wake-up hint's run): end once a lease comes back short and its
+        deliveries are done, instead of leasing until one comes back empty. Rows committed later
+        send hints of their own; under steady load a run would otherwise last its whole budget
+        while the hints queue up behind it. A run that delivered a message with an ordering key
+        still leases once more: the next message with that key may have become due.
 
         Database errors (unreachable, connection lost, schema missing) end the run early; they
         are reported in ``summary.error`` rather than raised, and whatever was leased stays safe
@@ -145,7 +153,7 @@ class OutboxProcessor:
             asyncio.create_task(self._deliver_loop(work)) for _ in range(self._settings.concurrency)
         ]
         try:
-            await self._drain(summary, started + budget, batches, work)
+            await self._drain(summary, started + budget, batches, work, until_caught_up)
         except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
             self._report_database_error(summary, exc)
         except asyncio.CancelledError:
@@ -170,9 +178,12 @@ class OutboxProcessor:
         deadline: float,
         batches: set[asyncio.Task[None]],
         work: asyncio.Queue[_Work],
+        until_caught_up: bool,
     ) -> None:
         # Batches whose deliveries are still running; each is resolved before its outcome write.
         delivering: set[asyncio.Future[None]] = set()
+        loop = asyncio.get_running_loop()
+        keyed = False  # a message with an ordering key was leased since the last short lease
         while True:
             if summary.error:
                 return  # an outcome write failed for good: leasing more would only strand rows
@@ -197,20 +208,36 @@ class OutboxProcessor:
             if not leased and not batches:
                 return
             if leased:
-                summary.leased += len(leased)
-                summary.batches += 1
-                batch = _Batch(leased, lease_deadline, asyncio.get_running_loop().create_future())
-                delivering.add(batch.delivered)
-                batch.delivered.add_done_callback(delivering.discard)
-                for index in range(len(leased)):
-                    work.put_nowait((batch, index))
-                task = asyncio.create_task(self._run_batch(batch, summary))
-                batches.add(task)
-                task.add_done_callback(batches.discard)
+                keyed = keyed or any(m.ordering_key is not None for m in leased)
+                batch = _Batch(leased, lease_deadline, loop.create_future())
+                self._start(batch, summary, work, delivering, batches)
             if len(leased) < self._settings.batch_size:
                 # Caught up: let the in-flight batches finish (their retries may come due), then
-                # lease once more; the run ends on an empty lease with nothing in flight.
+                # lease once more; the run ends on an empty lease with nothing in flight. A run
+                # until caught up ends here, unless a keyed message's successor may now be due.
                 await self._finish(batches)
+                if until_caught_up and not keyed:
+                    return
+                keyed = False
+
+    def _start(
+        self,
+        batch: _Batch,
+        summary: DrainSummary,
+        work: asyncio.Queue[_Work],
+        delivering: set[asyncio.Future[None]],
+        batches: set[asyncio.Task[None]],
+    ) -> None:
+        """Hand a leased batch's messages to the delivery loops; a task records its outcomes."""
+        summary.leased += len(batch.messages)
+        summary.batches += 1
+        delivering.add(batch.delivered)
+        batch.delivered.add_done_callback(delivering.discard)
+        for index in range(len(batch.messages)):
+            work.put_nowait((batch, index))
+        task = asyncio.create_task(self._run_batch(batch, summary))
+        batches.add(task)
+        task.add_done_callback(batches.discard)
 
     async def _deliver_loop(self, work: asyncio.Queue[_Work]) -> None:
         """One of the run's delivery loops: leased messages one at a time, in lease order."""

@@ -44,10 +44,12 @@ class BadRequestError(OutboxError, ValueError):
     """An HTTP endpoint was called with parameters it does not accept."""
 
 
-async def drain(trigger: str, budget_seconds: float | None = None) -> DrainSummary:
+async def drain(
+    trigger: str, budget_seconds: float | None = None, *, until_caught_up: bool = False
+) -> DrainSummary:
     """Run the shared processor once and log its summary."""
     relay = await shared_relay()
-    summary = await relay.processor.execute(budget_seconds)
+    summary = await relay.processor.execute(budget_seconds, until_caught_up=until_caught_up)
     level = logging.ERROR if summary.error else logging.INFO
     log_event(logger, level, "outbox.drain", trigger=trigger, **summary.as_dict())
     return summary
@@ -60,6 +62,7 @@ async def on_hint(
 
     Whatever the message holds (JSON, garbage, nothing), the invocation drains and succeeds, so
     hints never pile up in the poison queue. Database errors are logged; the timer sweeps later.
+    The drain ends once it has caught up, so the next hint is taken soon even under steady load.
     """
     logger.info(
         "outbox wake-up hint %s (dequeue %s): %s",
@@ -67,7 +70,7 @@ async def on_hint(
         dequeue_count,
         describe_hint(body),
     )
-    return await drain("queue")
+    return await drain("queue", until_caught_up=True)
 
 
 async def on_timer(*, past_due: bool) -> DrainSummary:

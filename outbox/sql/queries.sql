@@ -48,13 +48,13 @@ leased AS (
     FROM due
     WHERE m.outbox_message_id = due.outbox_message_id
     RETURNING m.outbox_message_id, m.event_type, m.payload::text AS payload_text,
-              m.attempt_count, m.lease_token, m.created_at
+              m.attempt_count, m.lease_token, m.created_at, m.ordering_key
 )
 -- The payload is turned into text once per row (RETURNING cannot share an expression).
 SELECT outbox_message_id, event_type,
        CASE WHEN octet_length(payload_text) <= $4 THEN payload_text END AS payload,
        octet_length(payload_text) AS payload_bytes,
-       attempt_count, lease_token, created_at
+       attempt_count, lease_token, created_at, ordering_key
 FROM leased;
 
 -- record_outcomes --

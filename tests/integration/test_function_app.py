@@ -25,7 +25,7 @@ from outbox.settings import QueueSettings
 from outbox.wakeup import WakeUpQueue
 from tests.support import indexing
 from tests.support.azure import free_port
-from tests.support.outbox_helpers import row, seed, statuses
+from tests.support.outbox_helpers import row, seed, statuses, steady_arrivals
 from tests.support.receiver import Receiver, Reply
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,6 +81,26 @@ async def test_a_garbage_hint_still_succeeds_and_drains(
     assert await statuses(db) == {"Processed": 2}
     [logged] = [r.getMessage() for r in caplog.records if "wake-up hint junk" in r.getMessage()]
     assert len(logged) < 400  # the content is logged, bounded
+
+
+async def test_a_hint_s_drain_ends_once_caught_up_under_steady_arrivals(
+    db: Any,
+    receiver: Receiver,
+    app_env: None,
+    database_url: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Under steady load every lease finds a row; a hint's drain must still end soon, or the
+    # instance takes no other hint for a whole budget while they queue up (and drive scale-out).
+    caplog.set_level(logging.INFO)
+    monkeypatch.setenv("OUTBOX_RUN_BUDGET_SECONDS", "20")
+    receiver.script("/orders", then=Reply(200, delay=0.05))
+    async with steady_arrivals(database_url):
+        await seed(db, 1)
+        await function_app.outbox_queue(QueueMessage(id="steady", body=b"{}", dequeue_count=1))
+    [summary] = [r.getMessage() for r in caplog.records if "trigger=queue" in r.getMessage()]
+    assert "stopped_by=drained" in summary
 
 
 async def test_timer_function_drains(db: Any, receiver: Receiver, app_env: None) -> None:

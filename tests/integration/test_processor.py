@@ -13,6 +13,7 @@ import asyncpg
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+import outbox
 from outbox import store
 from outbox.models import DrainSummary
 from outbox.processor import Deliver, OutboxProcessor, shielded
@@ -21,7 +22,14 @@ from outbox.settings import QueueSettings
 from outbox.wakeup import WakeUpQueue
 from tests.conftest import SECRET
 from tests.support.azure import connection_string, free_port
-from tests.support.outbox_helpers import eventually, open_relay, row, seed, statuses
+from tests.support.outbox_helpers import (
+    eventually,
+    open_relay,
+    row,
+    seed,
+    statuses,
+    steady_arrivals,
+)
 from tests.support.receiver import Receiver, Reply
 
 
@@ -230,6 +238,59 @@ async def test_drains_batch_after_batch_until_nothing_is_due(
     assert await statuses(db) == {"Processed": 35}
 
 
+async def test_a_hint_s_run_ends_once_caught_up_although_rows_keep_arriving(
+    db: Any, receiver: Receiver, make_settings: Any, database_url: str
+) -> None:
+    # Rows arrive faster than a lease and its deliveries take, so every lease finds some: a run
+    # that leased until one came back empty would last its whole budget, while the hints of
+    # these rows queued up behind it.
+    receiver.script("/orders", then=Reply(200, delay=0.05))
+    async with steady_arrivals(database_url):
+        await eventually(lambda: _some_rows(db))
+        async with open_relay(make_settings()) as relay:
+            caught_up = await relay.processor.execute(budget_seconds=20, until_caught_up=True)
+    assert caught_up.stopped_by == "drained"
+    assert caught_up.processed == caught_up.leased >= 1
+    # What arrived later is still there for the next hint's run (or the timer's).
+    async with open_relay(make_settings()) as relay:
+        await relay.processor.execute()
+    assert set(await statuses(db)) == {"Processed"}
+
+
+async def test_a_hint_s_run_follows_an_ordering_key_to_its_end(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    # The next message with a key becomes due only when the one before it is done; its own hint
+    # may have been taken while it was held back, so the run that held the key goes on.
+    async with db.transaction():
+        keyed = [
+            await outbox.enqueue(db, "OrderCompleted", {"n": n}, ordering_key="order-1")
+            for n in range(3)
+        ]
+        await outbox.enqueue(db, "OrderCompleted", {"n": "free"})
+    async with open_relay(make_settings()) as relay:
+        summary = await relay.processor.execute(until_caught_up=True)
+    assert (summary.processed, summary.stopped_by) == (4, "drained")
+    order = [r.webhook_id for r in receiver.requests if r.webhook_id in map(str, keyed)]
+    assert order == [str(i) for i in keyed]
+
+
+async def test_a_hint_s_run_does_not_lease_again_once_caught_up(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    await seed(db, 25)
+    settings = make_settings(batch_size=10)
+    async with open_relay(settings) as relay:
+        pool = CountingPool(relay.pool)
+        processor = OutboxProcessor(
+            pool, Publisher.from_settings(relay.session, settings).deliver, settings
+        )
+        summary = await processor.execute(until_caught_up=True)
+    assert (summary.processed, summary.stopped_by) == (25, "drained")
+    # 10, 10, 5: the short lease ends the run without one more that would find nothing.
+    assert [name for name, _ in pool.calls].count("lease_batch") == 3
+
+
 async def test_concurrency_bounds_requests_in_flight(
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
@@ -247,6 +308,10 @@ async def test_concurrency_bounds_requests_in_flight(
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def _some_rows(db: Any) -> bool:
+    return bool(await db.fetchval("SELECT count(*) FROM outbox_messages"))
 
 
 class CountingPool:

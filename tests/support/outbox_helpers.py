@@ -14,6 +14,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 from azure.core.exceptions import ResourceNotFoundError
 
 import outbox
@@ -33,6 +34,26 @@ async def seed(
     """Enqueue ``count`` events in one committed transaction, as a producer would."""
     async with conn.transaction():
         return [await outbox.enqueue(conn, event_type, payload(i)) for i in range(count)]
+
+
+@asynccontextmanager
+async def steady_arrivals(database_url: str, every: float = 0.01) -> AsyncIterator[None]:
+    """A producer committing one event every ``every`` seconds for as long as the block runs."""
+    conn = await asyncpg.connect(database_url)
+    arriving = True
+
+    async def produce() -> None:
+        while arriving:
+            await seed(conn, 1)
+            await asyncio.sleep(every)
+
+    producer = asyncio.create_task(produce())
+    try:
+        yield
+    finally:
+        arriving = False
+        await producer
+        await conn.close()
 
 
 @asynccontextmanager
