@@ -80,6 +80,8 @@ class _Batch:
 
     messages: list[LeasedMessage]
     lease_deadline: float
+    # The run's budget ends here (monotonic): no delivery of the batch starts later.
+    run_deadline: float
     # Resolved when every message has an attempt (or the batch is abandoned on cancellation).
     delivered: asyncio.Future[None]
     # Per message: its attempt, the exception that escaped it, or None (not finished).
@@ -209,7 +211,7 @@ class OutboxProcessor:
                 return
             if leased:
                 keyed = keyed or any(m.ordering_key is not None for m in leased)
-                batch = _Batch(leased, lease_deadline, loop.create_future())
+                batch = _Batch(leased, lease_deadline, deadline, loop.create_future())
                 self._start(batch, summary, work, delivering, batches)
             if len(leased) < self._settings.batch_size:
                 # Caught up: let the in-flight batches finish (their retries may come due), then
@@ -280,6 +282,9 @@ class OutboxProcessor:
             if batch.closed:
                 return Attempt(NotAttempted(NOT_SENT), now, 0)
             started = time.monotonic()
+            if started >= batch.run_deadline:
+                # A run ends at most one HTTP timeout after its budget, whatever the lease.
+                return Attempt(NotAttempted("run budget spent"), now, 0)
             if (
                 batch.lease_deadline - started
                 < self._settings.http_timeout_seconds + LEASE_SAFETY_SECONDS

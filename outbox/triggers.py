@@ -27,7 +27,8 @@ from outbox.runtime import shared_relay
 logger = logging.getLogger("outbox.triggers")
 P = ParamSpec("P")
 
-# HTTP requests on Azure are cut off after 230 s; a drain also needs up to one lease to finish.
+# HTTP requests on Azure are cut off after 230 s; a drain also needs up to one HTTP timeout to
+# finish the requests in flight when its budget ends.
 HTTP_DEFAULT_BUDGET_SECONDS = 30.0
 HTTP_MAX_BUDGET_SECONDS = 120.0
 HTTP_PARAMETERS = frozenset({"budget_seconds", "code"})  # `code` carries the function key

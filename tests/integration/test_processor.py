@@ -683,28 +683,60 @@ async def test_a_cancelled_run_releases_what_it_never_sent_without_counting_it(
 async def test_a_run_cancelled_while_it_finishes_leaves_no_delivery_running(
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
-    # Two batches of four, one request at a time, 0.3 s each; the budget is spent during the
-    # first batch, so the run is finishing the second when the host cancels it.
-    receiver.script("/orders", *[Reply(200, delay=0.3)] * 8)
+    # Two batches of four, two requests at a time: the first request is held, the others take
+    # 1 s each. The 3 s budget ends once the first batch is under way, the second batch is
+    # released, and the run is finishing (waiting for the held request) when the host cancels it.
+    hold = asyncio.Event()
+    receiver.script("/orders", Reply(200, hold=hold), then=Reply(200, delay=1.0))
     await seed(db, 8)
-    async with open_relay(make_settings(concurrency=1, batch_size=4)) as relay:
-        drain = asyncio.create_task(relay.processor.execute(budget_seconds=0.1))
-        await receiver.wait_for(6)
+    async with open_relay(make_settings(concurrency=2, batch_size=4)) as relay:
+        drain = asyncio.create_task(relay.processor.execute(budget_seconds=3.0))
+        await eventually(lambda: _released(db, 4))  # the second batch, given back
+        assert receiver.in_flight == 1  # still held: the run is finishing
         drain.cancel()
         with pytest.raises(asyncio.CancelledError):
             await drain
         loops = [t for t in asyncio.all_tasks() if "_deliver_loop" in repr(t.get_coro())]
         assert loops == []
         seen = len(receiver.requests)
-        await asyncio.sleep(1.0)  # long enough for three more requests, if anything still sent
+        hold.set()
+        await asyncio.sleep(1.5)  # long enough for another request, if anything still sent
         assert len(receiver.requests) == seen
     counts = await statuses(db)
-    assert counts["Processed"] >= 5
+    assert counts["Processed"] >= 2
     assert counts["Processed"] + counts["Pending"] == 8
     unsent = await db.fetchval(
         "SELECT count(*) FROM outbox_messages WHERE status = 'Pending' AND attempt_count = 0"
     )
     assert unsent == 8 - seen
+
+
+async def test_no_delivery_starts_after_the_budget_whatever_the_lease(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    # One request at a time, 0.4 s each, a 60 s lease: the budget, not the lease, bounds the run.
+    receiver.script("/orders", then=Reply(200, delay=0.4))
+    await seed(db, 10)
+    async with open_relay(make_settings(concurrency=1, lease_seconds=60)) as relay:
+        summary = await relay.processor.execute(budget_seconds=0.5)
+    assert summary.stopped_by == "budget"
+    assert summary.released == 10 - summary.processed >= 1
+    assert len(receiver.requests) == summary.processed
+    given_back = await db.fetch(
+        "SELECT attempt_count, last_error, next_attempt_at <= now() AS due "
+        "FROM outbox_messages WHERE status = 'Pending'"
+    )
+    assert len(given_back) == summary.released
+    assert all((r["attempt_count"], r["due"]) == (0, True) for r in given_back)
+
+
+async def _released(db: Any, count: int) -> bool:
+    """Whether ``count`` rows were leased and then given back without an attempt."""
+    released = await db.fetchval(
+        "SELECT count(*) FROM outbox_messages "
+        "WHERE status = 'Pending' AND attempt_count = 0 AND lease_token IS NOT NULL"
+    )
+    return bool(released >= count)
 
 
 async def test_a_cancelled_error_raised_by_a_delivery_is_that_message_s_outcome(
