@@ -43,7 +43,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     drain = commands.add_parser("drain", help="deliver every due message once")
     drain.add_argument(
-        "--budget", type=positive_seconds, metavar="SECONDS", help="stop leasing after this long"
+        "--budget",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="lease and send nothing new after this long",
     )
     enqueue_cmd = commands.add_parser(
         "enqueue", help="commit one event, then send the wake-up hint"

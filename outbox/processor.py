@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
@@ -75,13 +76,31 @@ Deliver = Callable[[LeasedMessage], Awaitable[DeliveryResult]]
 
 
 @dataclass(eq=False)
+class _Run:
+    """One ``execute()``: its summary, the end of its budget, and what decides its end."""
+
+    summary: DrainSummary
+    # Monotonic: no lease and no delivery starts later.
+    deadline: float
+    until_caught_up: bool
+    # Since the run's last short lease: whether it leased a message with an ordering key (the
+    # next one with that key may be due once it is done), and when the first of its outcomes
+    # that stays due comes due again (a message given back, a short retry), monotonic.
+    keyed: bool = False
+    due_again: float = math.inf
+
+    def caught_up(self) -> bool:
+        """Nothing it holds back and nothing it gave back is due: one more lease would not help."""
+        return not self.keyed and self.due_again > time.monotonic()
+
+
+@dataclass(eq=False)
 class _Batch:
     """One leased batch while its messages are delivered by the run's delivery loops."""
 
     messages: list[LeasedMessage]
     lease_deadline: float
-    # The run's budget ends here (monotonic): no delivery of the batch starts later.
-    run_deadline: float
+    run: _Run
     # Resolved when every message has an attempt (or the batch is abandoned on cancellation).
     delivered: asyncio.Future[None]
     # Per message: its attempt, the exception that escaped it, or None (not finished).
@@ -139,8 +158,9 @@ class OutboxProcessor:
         ``until_caught_up`` (a wake-up hint's run): end once a lease comes back short and its
         deliveries are done, instead of leasing until one comes back empty. Rows committed later
         send hints of their own; under steady load a run would otherwise last its whole budget
-        while the hints queue up behind it. A run that delivered a message with an ordering key
-        still leases once more: the next message with that key may have become due.
+        while the hints queue up behind it. It still leases once more after leasing a message
+        with an ordering key (the next one with that key may have become due), or when an
+        outcome it recorded is due again already (a message given back, a short retry).
 
         Database errors (unreachable, connection lost, schema missing) end the run early; they
         are reported in ``summary.error`` rather than raised, and whatever was leased stays safe
@@ -149,13 +169,14 @@ class OutboxProcessor:
         summary = DrainSummary()
         started = time.monotonic()
         budget = min(budget_seconds or self._settings.run_budget_seconds, 3600.0)
+        run = _Run(summary, started + budget, until_caught_up)
         batches: set[asyncio.Task[None]] = set()
         work: asyncio.Queue[_Work] = asyncio.Queue()
         loops = [
             asyncio.create_task(self._deliver_loop(work)) for _ in range(self._settings.concurrency)
         ]
         try:
-            await self._drain(summary, started + budget, batches, work, until_caught_up)
+            await self._drain(run, batches, work)
         except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
             self._report_database_error(summary, exc)
         except asyncio.CancelledError:
@@ -175,25 +196,23 @@ class OutboxProcessor:
         return summary
 
     async def _drain(
-        self,
-        summary: DrainSummary,
-        deadline: float,
-        batches: set[asyncio.Task[None]],
-        work: asyncio.Queue[_Work],
-        until_caught_up: bool,
+        self, run: _Run, batches: set[asyncio.Task[None]], work: asyncio.Queue[_Work]
     ) -> None:
+        summary = run.summary
         # Batches whose deliveries are still running; each is resolved before its outcome write.
         delivering: set[asyncio.Future[None]] = set()
         loop = asyncio.get_running_loop()
-        keyed = False  # a message with an ordering key was leased since the last short lease
+        caught_up = False
         while True:
             if summary.error:
                 return  # an outcome write failed for good: leasing more would only strand rows
             if self._stopping:
                 summary.stopped_by = "stopped"
                 return
-            if time.monotonic() >= deadline:
+            if time.monotonic() >= run.deadline:
                 summary.stopped_by = "budget"
+                return
+            if caught_up:
                 return
             if len(delivering) >= MAX_BATCHES_IN_FLIGHT or len(batches) >= MAX_BATCHES_OPEN:
                 busy = delivering if len(delivering) >= MAX_BATCHES_IN_FLIGHT else batches
@@ -210,34 +229,32 @@ class OutboxProcessor:
             if not leased and not batches:
                 return
             if leased:
-                keyed = keyed or any(m.ordering_key is not None for m in leased)
-                batch = _Batch(leased, lease_deadline, deadline, loop.create_future())
-                self._start(batch, summary, work, delivering, batches)
+                run.keyed = run.keyed or any(m.ordering_key is not None for m in leased)
+                batch = _Batch(leased, lease_deadline, run, loop.create_future())
+                self._start(batch, work, delivering, batches)
             if len(leased) < self._settings.batch_size:
                 # Caught up: let the in-flight batches finish (their retries may come due), then
                 # lease once more; the run ends on an empty lease with nothing in flight. A run
-                # until caught up ends here, unless a keyed message's successor may now be due.
+                # until caught up ends here unless that lease could find something of its own.
                 await self._finish(batches)
-                if until_caught_up and not keyed:
-                    return
-                keyed = False
+                caught_up = run.until_caught_up and run.caught_up()
+                run.keyed, run.due_again = False, math.inf
 
     def _start(
         self,
         batch: _Batch,
-        summary: DrainSummary,
         work: asyncio.Queue[_Work],
         delivering: set[asyncio.Future[None]],
         batches: set[asyncio.Task[None]],
     ) -> None:
         """Hand a leased batch's messages to the delivery loops; a task records its outcomes."""
-        summary.leased += len(batch.messages)
-        summary.batches += 1
+        batch.run.summary.leased += len(batch.messages)
+        batch.run.summary.batches += 1
         delivering.add(batch.delivered)
         batch.delivered.add_done_callback(delivering.discard)
         for index in range(len(batch.messages)):
             work.put_nowait((batch, index))
-        task = asyncio.create_task(self._run_batch(batch, summary))
+        task = asyncio.create_task(self._run_batch(batch))
         batches.add(task)
         task.add_done_callback(batches.discard)
 
@@ -260,7 +277,7 @@ class OutboxProcessor:
                 # was sent, or releases it if it was not.
                 batch.settle(index, attempt)
 
-    async def _run_batch(self, batch: _Batch, summary: DrainSummary) -> None:
+    async def _run_batch(self, batch: _Batch) -> None:
         try:
             await asyncio.shield(batch.delivered)
         finally:
@@ -272,27 +289,35 @@ class OutboxProcessor:
             batch.closed = True
             now = datetime.now(UTC)
             records = [self._outcome(batch, index, now) for index in range(len(batch.messages))]
-            await shielded(self._record(records, summary))
+            _note_due_again(batch.run, records)
+            await shielded(self._record(records, batch.run.summary))
 
     async def _attempt(self, batch: _Batch, index: int) -> Attempt:
+        # Asked before waiting for a slot too: the slots are shared with the process's other
+        # runs, and a message this run will not send must not wait behind their requests.
+        if reason := self._not_sent_because(batch, time.monotonic()):
+            return Attempt(NotAttempted(reason), datetime.now(UTC), 0)
         async with self._slots:
             now = datetime.now(UTC)
-            if self._stopping:
-                return Attempt(NotAttempted("relay stopping"), now, 0)
-            if batch.closed:
-                return Attempt(NotAttempted(NOT_SENT), now, 0)
             started = time.monotonic()
-            if started >= batch.run_deadline:
-                # A run ends at most one HTTP timeout after its budget, whatever the lease.
-                return Attempt(NotAttempted("run budget spent"), now, 0)
-            if (
-                batch.lease_deadline - started
-                < self._settings.http_timeout_seconds + LEASE_SAFETY_SECONDS
-            ):
-                return Attempt(NotAttempted("lease too short to finish a delivery"), now, 0)
+            if reason := self._not_sent_because(batch, started):
+                return Attempt(NotAttempted(reason), now, 0)
             batch.started[index] = (now, started)
             result = await self._deliver(batch.messages[index])
             return Attempt(result, now, round((time.monotonic() - started) * 1000))
+
+    def _not_sent_because(self, batch: _Batch, at: float) -> str | None:
+        """Why a message of ``batch`` must not be sent at ``at`` (monotonic), if it must not."""
+        if self._stopping:
+            return "relay stopping"
+        if batch.closed:
+            return NOT_SENT
+        if at >= batch.run.deadline:
+            # A run ends at most one HTTP timeout after its budget, whatever the lease.
+            return "run budget spent"
+        if batch.lease_deadline - at < self._settings.http_timeout_seconds + LEASE_SAFETY_SECONDS:
+            return "lease too short to finish a delivery"
+        return None
 
     def _outcome(self, batch: _Batch, index: int, now: datetime) -> Recorded:
         message, attempt = batch.messages[index], batch.attempts[index]
@@ -395,6 +420,16 @@ class OutboxProcessor:
         summary.stopped_by = "error"
         summary.error = self._redact(text)
         logger.error("outbox drain: %s", summary.error)
+
+
+def _note_due_again(run: _Run, records: list[Recorded]) -> None:
+    """Keep, in ``run``, when the first of these outcomes that leaves its row due comes due."""
+    now = time.monotonic()
+    for record in records:
+        outcome = record.outcome
+        if outcome.status is Status.PENDING:
+            due = now if outcome.not_attempted else now + outcome.delay_seconds
+            run.due_again = min(run.due_again, due)
 
 
 def log_outcome(record: Recorded, *, applied: bool) -> None:

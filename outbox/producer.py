@@ -32,7 +32,7 @@ from pydantic import BaseModel
 from outbox import store
 from outbox.errors import DuplicateMessageError, InvalidMessageError, TransactionRequiredError
 from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
-from outbox.wakeup import WakeUpQueue
+from outbox.wakeup import WakeUpQueue, notify_once
 
 Payload = Mapping[str, Any] | BaseModel
 MAX_EVENT_TYPE_CHARS = 200
@@ -87,13 +87,7 @@ async def notify(queue: WakeUpQueue | None = None) -> bool:
     """
     if queue is not None:
         return await queue.notify()
-    try:
-        temporary = WakeUpQueue.from_settings()
-    except Exception as exc:  # noqa: BLE001 - a misconfigured hint must not fail the caller either
-        WakeUpQueue.log_not_sent(exc)
-        return False
-    async with temporary:
-        return await temporary.notify()
+    return await notify_once()
 
 
 class OutboxTransaction:

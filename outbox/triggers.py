@@ -23,6 +23,7 @@ from outbox.logs import log_event
 from outbox.models import DrainSummary
 from outbox.processor import DATABASE_ERRORS
 from outbox.runtime import shared_relay
+from outbox.wakeup import notify_once
 
 logger = logging.getLogger("outbox.triggers")
 P = ParamSpec("P")
@@ -53,6 +54,14 @@ async def drain(
     summary = await relay.processor.execute(budget_seconds, until_caught_up=until_caught_up)
     level = logging.ERROR if summary.error else logging.INFO
     log_event(logger, level, "outbox.drain", trigger=trigger, **summary.as_dict())
+    if (
+        summary.released
+        and summary.stopped_by in ("budget", "stopped")
+        and relay.settings.has_queue
+    ):
+        # Messages given back as the run ended are due now: a hint has the next drain take them
+        # (here or on another instance) instead of the next timer sweep.
+        await notify_once(relay.settings)
     return summary
 
 

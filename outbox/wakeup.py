@@ -92,6 +92,20 @@ async def close_queue_client(client: QueueClient, *, with_credential: bool = Tru
         await close()
 
 
+async def notify_once(settings: QueueSettings | None = None) -> bool:
+    """Send one hint through a client made for it, from ``settings`` or else the environment.
+
+    Never raises, a misconfigured queue included: it logs a warning and returns False.
+    """
+    try:
+        temporary = WakeUpQueue.from_settings(settings)
+    except Exception as exc:  # noqa: BLE001 - a misconfigured hint must not fail the caller either
+        WakeUpQueue.log_not_sent(exc)
+        return False
+    async with temporary:
+        return await temporary.notify()
+
+
 class WakeUpQueue(Closeable):
     """Sends hints to the wake-up queue; reuse one per process (it holds an HTTP session)."""
 

@@ -25,7 +25,7 @@ from outbox.settings import QueueSettings
 from outbox.wakeup import WakeUpQueue
 from tests.support import indexing
 from tests.support.azure import free_port
-from tests.support.outbox_helpers import row, seed, statuses, steady_arrivals
+from tests.support.outbox_helpers import peek_hints, row, seed, statuses, steady_arrivals
 from tests.support.receiver import Receiver, Reply
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -145,6 +145,31 @@ async def test_http_drain_accepts_the_budget_in_a_json_body(
     response = await function_app.outbox_drain(drain_request(body=b'{"budget_seconds": 5}'))
     assert response.status_code == 200
     assert json.loads(response.get_body())["processed"] == 1
+
+
+async def test_a_drain_that_gives_messages_back_at_its_budget_sends_a_hint_for_them(
+    db: Any,
+    receiver: Receiver,
+    app_env: None,
+    queue_settings: QueueSettings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Leased but not sent when the budget ended: due now, and another drain should take them
+    # without waiting for the timer (the run's own hint, if any, is used up).
+    monkeypatch.setenv("AzureWebJobsStorage", queue_settings.queue_connection.get_secret_value())
+    monkeypatch.setenv("OUTBOX_QUEUE_NAME", queue_settings.queue_name)
+    monkeypatch.setenv("OUTBOX_CONCURRENCY", "1")
+    receiver.script("/orders", then=Reply(200, delay=0.4))
+    await seed(db, 5)
+    response = await function_app.outbox_drain(drain_request({"budget_seconds": "0.5"}))
+    summary = json.loads(response.get_body())
+    assert (summary["stopped_by"], summary["released"] >= 1) == ("budget", True)
+    assert len(await peek_hints(queue_settings)) == 1
+    # A drain that ends caught up gives nothing back and sends nothing.
+    receiver.script("/orders")
+    await function_app.outbox_drain(drain_request())
+    assert len(await peek_hints(queue_settings)) == 1
+    assert await statuses(db) == {"Processed": 5}
 
 
 @pytest.mark.parametrize(

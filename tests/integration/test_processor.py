@@ -609,14 +609,15 @@ async def test_a_stale_outcome_for_a_deleted_message_does_not_sink_the_batch(
     assert (await row(db, other))["status"] == "Processed"
 
 
+@pytest.mark.parametrize("until_caught_up", [False, True], ids=["drain", "hint's run"])
 async def test_stop_finishes_in_flight_deliveries_and_releases_the_rest(
-    db: Any, receiver: Receiver, make_settings: Any
+    db: Any, receiver: Receiver, make_settings: Any, until_caught_up: bool
 ) -> None:
     release = asyncio.Event()
     receiver.script("/orders", Reply(200, hold=release))
     await seed(db, 5)
     async with open_relay(make_settings(concurrency=1)) as relay:
-        drain = asyncio.create_task(relay.processor.execute())
+        drain = asyncio.create_task(relay.processor.execute(until_caught_up=until_caught_up))
         await receiver.wait_for(1)
         relay.processor.stop()
         release.set()
@@ -711,14 +712,15 @@ async def test_a_run_cancelled_while_it_finishes_leaves_no_delivery_running(
     assert unsent == 8 - seen
 
 
+@pytest.mark.parametrize("until_caught_up", [False, True], ids=["drain", "hint's run"])
 async def test_no_delivery_starts_after_the_budget_whatever_the_lease(
-    db: Any, receiver: Receiver, make_settings: Any
+    db: Any, receiver: Receiver, make_settings: Any, until_caught_up: bool
 ) -> None:
     # One request at a time, 0.4 s each, a 60 s lease: the budget, not the lease, bounds the run.
     receiver.script("/orders", then=Reply(200, delay=0.4))
     await seed(db, 10)
     async with open_relay(make_settings(concurrency=1, lease_seconds=60)) as relay:
-        summary = await relay.processor.execute(budget_seconds=0.5)
+        summary = await relay.processor.execute(budget_seconds=0.5, until_caught_up=until_caught_up)
     assert summary.stopped_by == "budget"
     assert summary.released == 10 - summary.processed >= 1
     assert len(receiver.requests) == summary.processed
@@ -728,6 +730,44 @@ async def test_no_delivery_starts_after_the_budget_whatever_the_lease(
     )
     assert len(given_back) == summary.released
     assert all((r["attempt_count"], r["due"]) == (0, True) for r in given_back)
+
+
+async def test_a_run_s_unsent_messages_do_not_wait_behind_another_run_s_requests(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    # One processor, one slot, shared by two runs (as the queue, timer and HTTP functions of one
+    # worker share it). Once the short run's budget is spent, its unsent messages are given
+    # back at once, not each after one of the long run's requests.
+    receiver.script("/orders", then=Reply(200, delay=0.3))
+    await seed(db, 10)
+    async with open_relay(make_settings(concurrency=1, batch_size=5)) as relay:
+        long_run = asyncio.create_task(relay.processor.execute())
+        await receiver.wait_for(1)
+        # The long run holds its two batches (it leases no third before one is delivered).
+        await seed(db, 5)
+        short = await relay.processor.execute(budget_seconds=0.2)
+        sent_meanwhile = len(receiver.requests)
+        await long_run
+    assert short.stopped_by == "budget"
+    assert short.released == short.leased - short.processed >= 4
+    # The request in flight when the short run's budget ended, and the one it waited behind.
+    assert sent_meanwhile <= 3
+
+
+async def test_a_hint_s_run_leases_again_what_it_gave_back(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    # A slow receiver and a short lease: later messages of each batch are given back (their
+    # lease would end before a request could time out). They are due now, and the hint that
+    # announced them is used up, so the run must take them itself.
+    receiver.script("/orders", then=Reply(200, delay=0.8))
+    await seed(db, 6)
+    settings = make_settings(concurrency=1, batch_size=4, lease_seconds=4, http_timeout_seconds=2)
+    async with open_relay(settings) as relay:
+        summary = await relay.processor.execute(until_caught_up=True)
+    assert summary.released >= 1
+    assert (summary.processed, summary.stopped_by) == (6, "drained")
+    assert await statuses(db) == {"Processed": 6}
 
 
 async def _released(db: Any, count: int) -> bool:
