@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import fcntl
 import logging
 import os
 import secrets
@@ -29,6 +30,7 @@ import sys
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import IO
 
 import asyncpg
 import azure.functions as func
@@ -40,6 +42,7 @@ from outbox.errors import ConfigurationError
 from outbox.migrate import migrate
 from outbox.serve import DEFAULT_PORT, ServeOptions, install_stop_signals, serve
 from outbox.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
+from outbox.wakeup import close_queue_client, make_queue_client
 
 ROOT = Path(__file__).resolve().parent.parent
 AZURITE = ROOT / "tools" / "node_modules" / ".bin" / "azurite"
@@ -220,9 +223,43 @@ def write_private(path: Path, text: str) -> None:
     path.chmod(0o600)  # a file that existed before keeps its mode through O_CREAT
 
 
+def claim(folder: Path) -> IO[str] | None:
+    """Hold ``folder`` for this run (until the process ends); None if another run holds it."""
+    handle = (folder / "run.lock").open("a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        return None
+    return handle
+
+
+async def check_settings() -> None:
+    """Stop on a bad value before anything starts; what ``make run`` fills in itself is fine."""
+    fill = {} if os.environ.get("OUTBOX_DATABASE_URL") else {"database_url": "postgresql:///outbox"}
+    settings = Settings.load(**fill)
+    if settings.has_queue:
+        # A malformed connection string would otherwise surface only once the functions run.
+        await close_queue_client(make_queue_client(settings))
+
+
 async def start(args: argparse.Namespace) -> int:
     folder = local_dir()
     folder.mkdir(parents=True, exist_ok=True)
+    lock = claim(folder)
+    if lock is None:
+        print(
+            f"error: make run is already running with its data in {folder}; stop it first "
+            "(Ctrl-C), or give this one another folder with OUTBOX_LOCAL_DIR",
+            file=sys.stderr,
+        )
+        return 2
+    with lock:
+        await check_settings()
+        return await _start(args, folder)
+
+
+async def _start(args: argparse.Namespace, folder: Path) -> int:
     described: list[str] = []
     with contextlib.ExitStack() as processes:
         if not os.environ.get("OUTBOX_DATABASE_URL"):
@@ -249,11 +286,7 @@ async def start(args: argparse.Namespace) -> int:
                 described.append(f"webhooks   demo receiver for {DEMO_EVENT_TYPE}, printed below")
             else:
                 described.append("webhooks   OUTBOX_WEBHOOKS")
-            try:
-                Settings.load()  # a bad value stops start-up here, as it stops `outbox serve`
-            except ConfigurationError as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                return 2
+            Settings.load()  # with what it filled in; a bad value stops start-up (main says why)
             await _migrate(os.environ["OUTBOX_DATABASE_URL"])
             write_run_env(
                 run_env_path(),
@@ -284,9 +317,15 @@ async def _run_functions(args: argparse.Namespace, folder: Path, described: list
     described.append(f"functions  {host}: http://127.0.0.1:{args.port}/api/outbox/drain")
     described.append(f"           function key in {folder / 'function-key'}")
     print("outbox relay running\n  " + "\n  ".join(described), flush=True)
+    # Another shell finds this run's settings through the same folder.
+    where = (
+        f"OUTBOX_LOCAL_DIR={shlex.quote(str(folder))} "
+        if os.environ.get("OUTBOX_LOCAL_DIR")
+        else ""
+    )
     print(
-        f"Try it:  {sys.executable} -m outbox enqueue {DEMO_EVENT_TYPE} '{{\"orderId\": 1}}'\n"
-        "Stop:    Ctrl-C",
+        f"Try it:  {where}{sys.executable} -m outbox enqueue {DEMO_EVENT_TYPE} "
+        f"'{{\"orderId\": 1}}'\nStop:    Ctrl-C",
         flush=True,
     )
     stopping = asyncio.Event()
@@ -329,7 +368,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     configure_console()
-    return asyncio.run(start(args))
+    try:
+        return asyncio.run(start(args))
+    except ConfigurationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -10,11 +10,11 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import pytest
 
+from outbox.local import claim
 from tests.support.azure import free_port
 from tests.support.outbox_helpers import ROOT, run_cli
 from tests.support.processes import Child
@@ -64,19 +64,9 @@ async def test_run_command_delivers_an_enqueued_event_and_stops_everything(tmp_p
     assert processes_mentioning(str(tmp_path)) == []
 
 
-async def test_run_command_stops_at_once_on_a_bad_setting(
-    tmp_path: Path, database_url: str, queue_settings: Any
-) -> None:
-    # As `outbox serve` does: a bad value stops start-up, rather than every invocation failing.
-    env = {
-        "PATH": os.environ["PATH"],
-        "OUTBOX_LOCAL_DIR": str(tmp_path),
-        "OUTBOX_DATABASE_URL": database_url,
-        "AzureWebJobsStorage": queue_settings.queue_connection.get_secret_value(),
-        "OUTBOX_BATCH_SIZE": "0",
-    }
-    result = await asyncio.to_thread(
-        subprocess.run,
+def run_command(folder: Path, **settings: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": os.environ["PATH"], "OUTBOX_LOCAL_DIR": str(folder), **settings}
+    return subprocess.run(
         [sys.executable, "-m", "outbox.local", "--in-process", "--port", str(free_port())],
         cwd=ROOT,
         env=env,
@@ -85,7 +75,38 @@ async def test_run_command_stops_at_once_on_a_bad_setting(
         timeout=120,
         check=False,
     )
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("OUTBOX_BATCH_SIZE", "0", "invalid configuration: OUTBOX_BATCH_SIZE"),
+        ("OUTBOX_QUEUE_NAME", "Bad_Name", "invalid configuration: OUTBOX_QUEUE_NAME"),
+        ("AzureWebJobsStorage", "garbage", "AzureWebJobsStorage is not a valid storage connection"),
+        ("OUTBOX_WEBHOOKS", "{x", "invalid configuration: OUTBOX_WEBHOOKS: is not valid JSON"),
+    ],
+)
+async def test_run_command_stops_at_once_on_a_bad_setting(
+    tmp_path: Path, setting: str, value: str, message: str
+) -> None:
+    # As `outbox serve` does: a bad value stops start-up, rather than every invocation failing,
+    # and before anything is started (no embedded database, no Azurite).
+    result = await asyncio.to_thread(run_command, tmp_path, **{setting: value})
     assert result.returncode == 2, result.stdout + result.stderr
-    assert "invalid configuration: OUTBOX_BATCH_SIZE" in result.stderr
+    assert result.stderr.startswith(f"error: {message}")
+    assert "Traceback" not in result.stderr
     assert "outbox relay running" not in result.stdout
-    assert not (tmp_path / "run.env").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.lock"]
+
+
+async def test_a_second_run_command_in_the_same_folder_refuses_and_leaves_the_first_alone(
+    tmp_path: Path,
+) -> None:
+    run_env = tmp_path / "run.env"
+    run_env.write_text("export OUTBOX_LOCAL_PID=1\n")  # the first run's settings
+    with claim(tmp_path):  # as the first run holds its folder
+        result = await asyncio.to_thread(run_command, tmp_path)
+    assert result.returncode == 2
+    assert f"error: make run is already running with its data in {tmp_path}" in result.stderr
+    assert run_env.read_text() == "export OUTBOX_LOCAL_PID=1\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.env", "run.lock"]
