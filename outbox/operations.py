@@ -5,6 +5,7 @@ Shared by the CLI (``python -m outbox status | requeue | purge | show``) and the
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -193,6 +194,8 @@ async def show(conn: store.Connection, message_id: UUID) -> dict[str, Any] | Non
     message = await store.fetch_message(conn, message_id)
     if message is None:
         return None
+    if isinstance(message["payload"], str):
+        message["payload"] = json.loads(message["payload"])  # the JSON object, not its text
     message["attempts"] = await store.fetch_attempts(conn, message_id)
     return message
 

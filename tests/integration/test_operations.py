@@ -403,6 +403,7 @@ async def test_show_lists_every_attempt_with_its_outcome(
     result = await run_cli("show", str(message_id), env={"OUTBOX_DATABASE_URL": database_url})
     shown = json.loads(result.stdout)
     assert (shown["status"], shown["attempt_count"]) == ("Processed", 2)
+    assert shown["payload"] == {"orderId": 0}
     first, second = shown["attempts"]
     assert (first["attempt_number"], first["outcome"], first["http_status"]) == (1, "Pending", 503)
     assert (first["error"], first["response_snippet"], first["applied"]) == (
