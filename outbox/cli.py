@@ -20,7 +20,7 @@ from typing import Any
 import asyncpg
 
 from outbox import operations
-from outbox.console import configure_cli, configure_console
+from outbox.console import configure_cli, configure_console, help_text
 from outbox.errors import ConfigurationError, InvalidMessageError, OutboxError
 from outbox.local import load_run_env
 from outbox.migrate import migrate
@@ -36,7 +36,11 @@ EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m outbox", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m outbox",
+        description=help_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser(
         "migrate", help="apply pending migrations (safe to run twice, or in parallel)"

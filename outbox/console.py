@@ -45,6 +45,11 @@ class ProgressFilter(logging.Filter):
         return True
 
 
+def help_text(doc: str | None) -> str:
+    """A module docstring as ``--help`` shows it: as laid out, without reST literal quotes."""
+    return (doc or "").replace("``", "")
+
+
 def configure_console(level: int = logging.INFO) -> None:
     """Timestamped lines on stdout with the progress filter (``make run``, ``outbox serve``)."""
     handler = logging.StreamHandler(sys.stdout)

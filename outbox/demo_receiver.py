@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from aiohttp import web
 
+from outbox.console import help_text
 from outbox.signing import verify
 
 MAX_BODY_BYTES = 1_048_576
@@ -62,7 +63,11 @@ async def serve(host: str, port: int, secret: str | None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m outbox.demo_receiver", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m outbox.demo_receiver",
+        description=help_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8081)
     parser.add_argument("--secret", help="whsec_… secret to check signatures with")

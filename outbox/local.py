@@ -37,7 +37,7 @@ import azure.functions as func
 from aiohttp import web
 
 from outbox import demo_receiver
-from outbox.console import configure_console
+from outbox.console import configure_console, help_text
 from outbox.errors import ConfigurationError
 from outbox.migrate import migrate
 from outbox.serve import DEFAULT_PORT, ServeOptions, install_stop_signals, serve
@@ -361,7 +361,11 @@ async def _func_start(core_tools: str, port: int, stopping: asyncio.Event) -> in
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="make run", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="make run",
+        description=help_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (7071)")
     parser.add_argument(
         "--in-process", action="store_true", help="do not use func start even if it is installed"

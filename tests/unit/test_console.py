@@ -1,6 +1,11 @@
 from __future__ import annotations
 
+import importlib
 import logging
+import subprocess
+import sys
+
+import pytest
 
 from outbox.console import ProgressFilter
 from outbox.logs import log_event
@@ -39,3 +44,14 @@ def test_batches_become_an_occasional_running_total_reset_by_each_run() -> None:
         "outbox.drain trigger=queue processed=300",
         "draining: 5 delivered, 0 to retry, 0 failed so far",
     ]
+
+
+@pytest.mark.parametrize("module", ["outbox", "outbox.local", "outbox.demo_receiver"])
+def test_help_shows_the_docstring_as_laid_out_without_literal_quotes(module: str) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True
+    )
+    assert "``" not in done.stdout
+    doc = importlib.import_module("outbox.cli" if module == "outbox" else module).__doc__
+    first_line = (doc or "").splitlines()[0].replace("``", "")
+    assert first_line in done.stdout
