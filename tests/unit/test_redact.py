@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import pytest
+
 from outbox.redact import Redactor
 from outbox.settings import Settings
 
@@ -80,11 +82,27 @@ def test_a_token_like_host_label_is_redacted_where_errors_quote_the_host() -> No
     )
     assert "eo5f1c2a9b8d7e6" not in redact(error)
     assert "[redacted].m.pipedream.net:443" in redact(error)
-    # Plain host names stay readable.
-    plain = Redactor.from_settings(
-        Settings.load(
-            database_url="postgresql://db.example.com/app",
-            webhooks={"A": {"url": "https://hooks.example.com/in"}},
-        )
+    assert redact("EO5F1C2A9B8D7E6 in capitals") == "[redacted] in capitals"
+    # Only that whole label: a longer word that contains it is something else.
+    assert redact("eo5f1c2a9b8d7e6x") == "eo5f1c2a9b8d7e6x"
+
+
+@pytest.mark.parametrize(
+    ("url", "text"),
+    [
+        # A region names the service, it is no secret; nor is a host name like "service1".
+        (
+            "https://vxbbyw5p.lambda-url.us-east-1.on.aws/",
+            "HTTP 502: upstream in us-east-1 unavailable",
+        ),
+        ("https://service1.example.com/in", "HTTP 503: service10 unavailable (service1 draining)"),
+        ("http://[2001:db8::10]:8080/in", "Cannot connect to host [2001:db8::10]:8080"),
+        ("https://hooks.example.com/in", "host hooks.example.com:443"),
+        ("https://abcdef123456789.com/in", "host abcdef123456789.com:443"),
+    ],
+)
+def test_host_names_that_are_not_capabilities_stay_readable(url: str, text: str) -> None:
+    redact = Redactor.from_settings(
+        Settings.load(database_url="postgresql://db.example.com/app", webhooks={"A": {"url": url}})
     )
-    assert plain("host hooks.example.com:443") == "host hooks.example.com:443"
+    assert redact(text) == text
