@@ -292,9 +292,14 @@ class _PayloadLimitSetting(BaseModel):
 def payload_limit() -> int:
     """``OUTBOX_MAX_PAYLOAD_BYTES`` as producers apply it (the default where it is not set).
 
-    Read at each call, as the relay's Settings read it, so one setting governs both sides.
+    Read at each call, and as the relay's Settings read it (the name in any case), so one setting
+    governs both sides.
     """
-    return _payload_limit(os.environ.get(env_name("max_payload_bytes")))
+    name = env_name("max_payload_bytes")
+    raw = os.environ.get(name)
+    if raw is None:
+        raw = next((v for k, v in os.environ.items() if k.upper() == name.upper()), None)
+    return _payload_limit(raw)
 
 
 @functools.lru_cache(maxsize=16)

@@ -21,7 +21,7 @@ from outbox.errors import (
     InvalidMessageError,
     TransactionRequiredError,
 )
-from outbox.settings import QueueSettings
+from outbox.settings import QueueSettings, Settings
 from outbox.wakeup import WakeUpQueue
 from tests.support.azure import connection_string, free_port
 from tests.support.outbox_helpers import peek_hints
@@ -137,6 +137,12 @@ async def test_the_payload_limit_is_the_relay_s_setting_unless_given(
         monkeypatch.setenv("OUTBOX_MAX_PAYLOAD_BYTES", "2048")
         with pytest.raises(InvalidMessageError, match="above the limit of 2048"):
             await outbox.enqueue(orders, "OrderCompleted", {"text": "x" * 3000})
+        monkeypatch.delenv("OUTBOX_MAX_PAYLOAD_BYTES")
+        monkeypatch.setenv("outbox_max_payload_bytes", "2048")  # as the relay's Settings read it
+        with pytest.raises(InvalidMessageError, match="above the limit of 2048"):
+            await outbox.enqueue(orders, "OrderCompleted", {"text": "x" * 3000})
+        assert Settings.load(database_url="postgresql://h/db").max_payload_bytes == 2048
+        monkeypatch.delenv("outbox_max_payload_bytes")
         # The keyword wins over the setting.
         await outbox.enqueue(orders, "OrderCompleted", {"text": "x" * 3000}, max_payload_bytes=4096)
         monkeypatch.setenv("OUTBOX_MAX_PAYLOAD_BYTES", "lots")
