@@ -83,15 +83,11 @@ class _Run:
     # Monotonic: no lease and no delivery starts later.
     deadline: float
     until_caught_up: bool
-    # Since the run's last short lease: whether it leased a message with an ordering key (the
-    # next one with that key may be due once it is done), and when the first of its outcomes
-    # that stays due comes due again (a message given back, a short retry), monotonic.
-    keyed: bool = False
+    # Since the run's last short lease: the ordering keys of the messages it finished (the next
+    # message with one of them may have become due), and when the first of its outcomes that
+    # stays due comes due again (a message given back, a short retry), monotonic.
+    finished_keys: set[str] = field(default_factory=set)
     due_again: float = math.inf
-
-    def caught_up(self) -> bool:
-        """Nothing it holds back and nothing it gave back is due: one more lease would not help."""
-        return not self.keyed and self.due_again > time.monotonic()
 
 
 @dataclass(eq=False)
@@ -158,9 +154,10 @@ class OutboxProcessor:
         ``until_caught_up`` (a wake-up hint's run): end once a lease comes back short and its
         deliveries are done, instead of leasing until one comes back empty. Rows committed later
         send hints of their own; under steady load a run would otherwise last its whole budget
-        while the hints queue up behind it. It still leases once more after leasing a message
-        with an ordering key (the next one with that key may have become due), or when an
-        outcome it recorded is due again already (a message given back, a short retry).
+        while the hints queue up behind it. It still leases once more when an outcome it
+        recorded is due again already (a message given back, a short retry), or when the next
+        message after one it finished with an ordering key is due (its hint may have been taken
+        by a run that found it held back).
 
         Database errors (unreachable, connection lost, schema missing) end the run early; they
         are reported in ``summary.error`` rather than raised, and whatever was leased stays safe
@@ -202,7 +199,6 @@ class OutboxProcessor:
         # Batches whose deliveries are still running; each is resolved before its outcome write.
         delivering: set[asyncio.Future[None]] = set()
         loop = asyncio.get_running_loop()
-        caught_up = False
         while True:
             if summary.error:
                 return  # an outcome write failed for good: leasing more would only strand rows
@@ -211,8 +207,6 @@ class OutboxProcessor:
                 return
             if time.monotonic() >= run.deadline:
                 summary.stopped_by = "budget"
-                return
-            if caught_up:
                 return
             if len(delivering) >= MAX_BATCHES_IN_FLIGHT or len(batches) >= MAX_BATCHES_OPEN:
                 busy = delivering if len(delivering) >= MAX_BATCHES_IN_FLIGHT else batches
@@ -229,7 +223,6 @@ class OutboxProcessor:
             if not leased and not batches:
                 return
             if leased:
-                run.keyed = run.keyed or any(m.ordering_key is not None for m in leased)
                 batch = _Batch(leased, lease_deadline, run, loop.create_future())
                 self._start(batch, work, delivering, batches)
             if len(leased) < self._settings.batch_size:
@@ -237,8 +230,17 @@ class OutboxProcessor:
                 # lease once more; the run ends on an empty lease with nothing in flight. A run
                 # until caught up ends here unless that lease could find something of its own.
                 await self._finish(batches)
-                caught_up = run.until_caught_up and run.caught_up()
-                run.keyed, run.due_again = False, math.inf
+                if run.until_caught_up and await self._caught_up(run):
+                    return
+                run.finished_keys, run.due_again = set(), math.inf
+
+    async def _caught_up(self, run: _Run) -> bool:
+        """Whether one more lease would find nothing this run gave back or held back."""
+        if run.due_again <= time.monotonic():
+            return False
+        if run.finished_keys:
+            return not await store.successors_due(self._pool, sorted(run.finished_keys))
+        return True
 
     def _start(
         self,
@@ -289,7 +291,7 @@ class OutboxProcessor:
             batch.closed = True
             now = datetime.now(UTC)
             records = [self._outcome(batch, index, now) for index in range(len(batch.messages))]
-            _note_due_again(batch.run, records)
+            _note_what_comes_due(batch.run, records, self._settings.ordering_on_failure)
             await shielded(self._record(records, batch.run.summary))
 
     async def _attempt(self, batch: _Batch, index: int) -> Attempt:
@@ -422,14 +424,17 @@ class OutboxProcessor:
         logger.error("outbox drain: %s", summary.error)
 
 
-def _note_due_again(run: _Run, records: list[Recorded]) -> None:
-    """Keep, in ``run``, when the first of these outcomes that leaves its row due comes due."""
+def _note_what_comes_due(run: _Run, records: list[Recorded], on_failure: str) -> None:
+    """Keep, in ``run``, when the first of these outcomes that leaves its row due comes due, and
+    the ordering keys whose next message these outcomes let go."""
     now = time.monotonic()
     for record in records:
-        outcome = record.outcome
+        outcome, key = record.outcome, record.message.ordering_key
         if outcome.status is Status.PENDING:
             due = now if outcome.not_attempted else now + outcome.delay_seconds
             run.due_again = min(run.due_again, due)
+        elif key is not None and (outcome.status is Status.PROCESSED or on_failure == "release"):
+            run.finished_keys.add(key)
 
 
 def log_outcome(record: Recorded, *, applied: bool) -> None:

@@ -63,6 +63,12 @@ async def lease_batch(
     return [LeasedMessage.from_row(row) for row in rows]
 
 
+async def successors_due(conn: Connection, keys: Sequence[str]) -> bool:
+    """Whether a Pending message with one of these ordering keys is due."""
+    rows = await conn.fetch(QUERIES["successors_due"], list(keys))
+    return bool(rows[0]["due"])
+
+
 async def record_outcomes(
     conn: Connection, records: Sequence[Recorded], *, retrying: bool = False
 ) -> set[UUID]:

@@ -57,6 +57,17 @@ SELECT outbox_message_id, event_type,
        attempt_count, lease_token, created_at, ordering_key
 FROM leased;
 
+-- successors_due --
+-- Whether a message with one of these ordering keys ($1) is due: a hint's run that finished the
+-- one before it leases once more for it (its own hint may have found it held back).
+SELECT EXISTS (
+    SELECT 1
+    FROM outbox_messages
+    WHERE ordering_key = ANY($1::text[])
+      AND status = 'Pending'
+      AND next_attempt_at <= now()
+) AS due;
+
 -- record_outcomes --
 -- Write a whole batch of outcomes and their attempt history in one statement. $1…$12 are arrays,
 -- one element per record, in the order of the column list below (store.OutcomeRow).

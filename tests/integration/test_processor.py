@@ -238,14 +238,15 @@ async def test_drains_batch_after_batch_until_nothing_is_due(
     assert await statuses(db) == {"Processed": 35}
 
 
+@pytest.mark.parametrize("keyed", [False, True], ids=["no key", "a key each"])
 async def test_a_hint_s_run_ends_once_caught_up_although_rows_keep_arriving(
-    db: Any, receiver: Receiver, make_settings: Any, database_url: str
+    db: Any, receiver: Receiver, make_settings: Any, database_url: str, keyed: bool
 ) -> None:
     # Rows arrive faster than a lease and its deliveries take, so every lease finds some: a run
     # that leased until one came back empty would last its whole budget, while the hints of
     # these rows queued up behind it.
     receiver.script("/orders", then=Reply(200, delay=0.05))
-    async with steady_arrivals(database_url):
+    async with steady_arrivals(database_url, keyed=keyed):
         await eventually(lambda: _some_rows(db))
         async with open_relay(make_settings()) as relay:
             caught_up = await relay.processor.execute(budget_seconds=20, until_caught_up=True)
@@ -768,6 +769,17 @@ async def test_a_hint_s_run_leases_again_what_it_gave_back(
     assert summary.released >= 1
     assert (summary.processed, summary.stopped_by) == (6, "drained")
     assert await statuses(db) == {"Processed": 6}
+
+
+async def test_a_hint_s_run_that_caught_up_reports_drained_although_its_budget_ran_out(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    # Its one delivery outlasts the budget, but nothing was given back or left: it drained.
+    receiver.script("/orders", Reply(200, delay=1.0))
+    await seed(db, 1)
+    async with open_relay(make_settings()) as relay:
+        summary = await relay.processor.execute(budget_seconds=0.5, until_caught_up=True)
+    assert (summary.processed, summary.released, summary.stopped_by) == (1, 0, "drained")
 
 
 async def _released(db: Any, count: int) -> bool:

@@ -37,14 +37,19 @@ async def seed(
 
 
 @asynccontextmanager
-async def steady_arrivals(database_url: str, every: float = 0.01) -> AsyncIterator[None]:
-    """A producer committing one event every ``every`` seconds for as long as the block runs."""
+async def steady_arrivals(
+    database_url: str, every: float = 0.01, *, keyed: bool = False
+) -> AsyncIterator[None]:
+    """A producer committing one event every ``every`` seconds for as long as the block runs
+    (``keyed``: each with an ordering key of its own)."""
     conn = await asyncpg.connect(database_url)
     arriving = True
 
     async def produce() -> None:
         while arriving:
-            await seed(conn, 1)
+            async with conn.transaction():
+                key = f"order-{uuid.uuid4()}" if keyed else None
+                await outbox.enqueue(conn, "OrderCompleted", {"n": 1}, ordering_key=key)
             await asyncio.sleep(every)
 
     producer = asyncio.create_task(produce())
