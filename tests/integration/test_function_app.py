@@ -147,17 +147,22 @@ async def test_http_drain_accepts_the_budget_in_a_json_body(
     assert json.loads(response.get_body())["processed"] == 1
 
 
+@pytest.fixture
+def app_queue(
+    app_env: None, queue_settings: QueueSettings, monkeypatch: pytest.MonkeyPatch
+) -> QueueSettings:
+    """The app's wake-up queue, as its settings name it: this test's own queue on Azurite."""
+    monkeypatch.setenv("AzureWebJobsStorage", queue_settings.queue_connection.get_secret_value())
+    monkeypatch.setenv("OUTBOX_QUEUE_NAME", queue_settings.queue_name)
+    return queue_settings
+
+
 async def test_a_drain_that_gives_messages_back_at_its_budget_sends_a_hint_for_them(
-    db: Any,
-    receiver: Receiver,
-    app_env: None,
-    queue_settings: QueueSettings,
-    monkeypatch: pytest.MonkeyPatch,
+    db: Any, receiver: Receiver, app_queue: QueueSettings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Leased but not sent when the budget ended: due now, and another drain should take them
     # without waiting for the timer (the run's own hint, if any, is used up).
-    monkeypatch.setenv("AzureWebJobsStorage", queue_settings.queue_connection.get_secret_value())
-    monkeypatch.setenv("OUTBOX_QUEUE_NAME", queue_settings.queue_name)
+    queue_settings = app_queue
     monkeypatch.setenv("OUTBOX_CONCURRENCY", "1")
     receiver.script("/orders", then=Reply(200, delay=0.4))
     await seed(db, 5)
@@ -253,14 +258,9 @@ async def test_clients_are_created_once_per_process_and_reused(
 
 
 async def test_end_to_end_through_azurite(
-    db: Any,
-    receiver: Receiver,
-    app_env: None,
-    queue_settings: QueueSettings,
-    monkeypatch: pytest.MonkeyPatch,
+    db: Any, receiver: Receiver, app_queue: QueueSettings
 ) -> None:
-    monkeypatch.setenv("AzureWebJobsStorage", queue_settings.queue_connection.get_secret_value())
-    monkeypatch.setenv("OUTBOX_QUEUE_NAME", queue_settings.queue_name)
+    queue_settings = app_queue
     # Producer: business write and outbox row in one transaction, then the hint.
     await db.execute("CREATE TABLE orders (id int PRIMARY KEY)")
     async with WakeUpQueue.from_settings() as queue:
