@@ -291,7 +291,8 @@ class OutboxProcessor:
             batch.closed = True
             now = datetime.now(UTC)
             records = [self._outcome(batch, index, now) for index in range(len(batch.messages))]
-            _note_what_comes_due(batch.run, records, self._settings.ordering_on_failure)
+            if batch.run.until_caught_up:  # only such a run asks what comes due
+                _note_what_comes_due(batch.run, records, self._settings.ordering_on_failure)
             await shielded(self._record(records, batch.run.summary))
 
     async def _attempt(self, batch: _Batch, index: int) -> Attempt:
