@@ -40,6 +40,11 @@ MAX_KEY_CHARS = 200
 # json.dumps writes U+0000 as \u0000, and a literal backslash as \\: only an odd run of backslashes
 # before "u0000" is an escaped NUL (an even run is the text backslash-u0000, which is fine).
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+# A number json.dumps writes with an exponent (1e+300, from a float); jsonb's text, which the
+# relay measures against the limit, writes it in full (301 digits). Strings are matched first, so
+# that "3e8" inside one is not taken for a number.
+_EXPONENT = re.compile(r"\d[eE][+-]?\d")
+_STRING_OR_EXPONENT_NUMBER = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+)?[eE][+-]?\d+)')
 
 
 async def enqueue(
@@ -178,10 +183,22 @@ def serialise_payload(payload: Payload, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYT
         raise InvalidMessageError(
             "payload contains a NUL character (\\u0000), which PostgreSQL jsonb cannot store"
         )
-    size = len(_utf8("payload", text))
+    size = stored_size(text, len(_utf8("payload", text)))
     if size > max_bytes:
         raise InvalidMessageError(f"payload is {size} bytes, above the limit of {max_bytes}")
     return text
+
+
+def stored_size(text: str, utf8_bytes: int) -> int:
+    """The size of payload ``text`` as the relay measures it: PostgreSQL's text of the jsonb
+    value, which writes a number like 1e+300 in full (``utf8_bytes``: the size of ``text``)."""
+    if not _EXPONENT.search(text):
+        return utf8_bytes  # the usual case: no number written with an exponent
+    size = utf8_bytes
+    for match in _STRING_OR_EXPONENT_NUMBER.finditer(text):
+        if number := match.group(1):
+            size += len(format(decimal.Decimal(number), "f")) - len(number)
+    return size
 
 
 def _to_json(payload: Payload) -> str:

@@ -21,6 +21,7 @@ from outbox.errors import (
     InvalidMessageError,
     TransactionRequiredError,
 )
+from outbox.producer import stored_size
 from outbox.settings import QueueSettings, Settings
 from outbox.wakeup import WakeUpQueue
 from tests.support.azure import connection_string, free_port
@@ -151,6 +152,26 @@ async def test_the_payload_limit_is_the_relay_s_setting_unless_given(
         await orders.execute("INSERT INTO orders VALUES (1, 'completed')")
     assert await orders.fetchval("SELECT count(*) FROM orders") == 1
     assert len(await outbox_rows(orders)) == 2
+
+
+async def test_the_payload_limit_applies_to_the_size_the_relay_will_measure(
+    orders: Any,
+) -> None:
+    # jsonb writes 1e+300 in full (301 digits); the relay measures that text at delivery, so
+    # enqueue must too, or a payload it accepted would fail later as oversized.
+    small_in_python = {"readings": [1e300] * 4, "note": "3e8 in a string stays as it is"}
+    async with orders.transaction():
+        with pytest.raises(InvalidMessageError, match=r"payload is 1\d{3} bytes, above the limit"):
+            await outbox.enqueue(orders, "OrderCompleted", small_in_python, max_payload_bytes=1024)
+        message_id = await outbox.enqueue(
+            orders, "OrderCompleted", {"n": [1e-07, 2.5e20], "s": "3e8 and 1e+300"}
+        )
+    stored = await orders.fetchval(
+        "SELECT octet_length(payload::text) FROM outbox_messages WHERE outbox_message_id = $1",
+        message_id,
+    )
+    text = json.dumps({"n": [1e-07, 2.5e20], "s": "3e8 and 1e+300"})
+    assert stored_size(text, len(text.encode())) == stored == 64
 
 
 async def test_a_literal_backslash_u0000_in_the_payload_is_stored_as_text(db: Any) -> None:
