@@ -319,6 +319,8 @@ def describe_errors(exc: ValidationError) -> str:
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "missing":
             message = "is required but not set"
+        elif len(error["loc"]) == 1 and os.environ.get(env_name(str(error["loc"][0]))) == "":
+            message = "is set but empty"  # the input is never shown; this much is safe to say
         lines.append(f"{_describe_location(error['loc'])}{message}")
     return "invalid configuration: " + "; ".join(lines)
 

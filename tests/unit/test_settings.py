@@ -273,3 +273,8 @@ def test_keys_of_the_webhooks_setting_are_named_only_when_they_look_like_names(
     assert "PathToken42" not in error
     assert "OUTBOX_WEBHOOKS[<not shown>]" in error
     assert "OUTBOX_WEBHOOKS['OrderShipped'].<not shown>: Extra inputs are not permitted" in error
+
+
+def test_an_empty_value_is_called_empty(env: pytest.MonkeyPatch) -> None:
+    env.setenv("OUTBOX_FAILED_RETENTION_DAYS", "")
+    assert "OUTBOX_FAILED_RETENTION_DAYS: is set but empty" in load_error()
