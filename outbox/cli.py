@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import math
+import re
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -149,8 +150,22 @@ async def run_requeue(conn: Any, settings: Settings, args: argparse.Namespace) -
         created_to=args.created_to,
         all_failed=args.all_failed,
     )
+    try:
+        wanted.check()
+    except operations.InvalidRequestError as exc:
+        raise operations.InvalidRequestError(as_flags(str(exc))) from None
     emit((await operations.requeue(conn, wanted, dry_run=args.dry_run)).as_dict())
     return EXIT_OK
+
+
+_FIELD = re.compile(r"\b(all_failed|event_type|created_from|created_to|message ids)\b")
+
+
+def as_flags(text: str) -> str:
+    """A requeue error in the CLI's words: its flags, not the HTTP body's field names."""
+    return _FIELD.sub(
+        lambda m: "--id" if m[1] == "message ids" else "--" + m[1].replace("_", "-"), text
+    )
 
 
 async def run_purge(conn: Any, settings: Settings, args: argparse.Namespace) -> int:

@@ -215,6 +215,9 @@ async def test_requeue_command_and_its_dry_run(db: Any, database_url: str) -> No
     unclear = await run_cli("requeue", env=env)
     assert unclear.returncode == 2
     assert "say which Failed messages to requeue" in unclear.stderr
+    assert "--all-failed (but not both)" in unclear.stderr  # its own flags, not the body's fields
+    naive = await run_cli("requeue", "--created-from", "2026-01-02T00:00:00", env=env)
+    assert (naive.returncode, "times need a UTC offset" in naive.stderr) == (2, True)
 
 
 def http(method: str, route: str, body: bytes = b"") -> func.HttpRequest:
