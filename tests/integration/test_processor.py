@@ -633,21 +633,29 @@ async def test_stop_finishes_in_flight_deliveries_and_releases_the_rest(
     )
 
 
+async def cancel_once_requests_arrived(
+    settings: Any, receiver: Receiver, count: int, release: asyncio.Event
+) -> None:
+    """Run a drain and cancel it, as the host would, once ``count`` requests have arrived; then
+    let the receiver answer what it holds (``release``)."""
+    try:
+        async with open_relay(settings) as relay:
+            drain = asyncio.create_task(relay.processor.execute())
+            await receiver.wait_for(count)
+            drain.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await drain
+    finally:
+        release.set()
+
+
 async def test_a_cancelled_run_still_records_its_outcomes(
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
     release = asyncio.Event()
     receiver.script("/orders", Reply(200), Reply(200, hold=release))
     await seed(db, 2)
-    try:
-        async with open_relay(make_settings(concurrency=1)) as relay:
-            drain = asyncio.create_task(relay.processor.execute())
-            await receiver.wait_for(2)
-            drain.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await drain
-    finally:
-        release.set()
+    await cancel_once_requests_arrived(make_settings(concurrency=1), receiver, 2, release)
     assert await statuses(db) == {"Processed": 1, "Pending": 1}
     interrupted = await db.fetchrow("SELECT * FROM outbox_messages WHERE status = 'Pending'")
     assert interrupted["last_error"] == "delivery interrupted before it completed"
@@ -660,15 +668,8 @@ async def test_a_cancelled_run_releases_what_it_never_sent_without_counting_it(
     release = asyncio.Event()
     receiver.script("/orders", Reply(200, hold=release))
     ids = await seed(db, 4)
-    try:
-        async with open_relay(make_settings(concurrency=1, max_attempts=1)) as relay:
-            drain = asyncio.create_task(relay.processor.execute())
-            await receiver.wait_for(1)
-            drain.cancel()
-            with pytest.raises(asyncio.CancelledError):
-                await drain
-    finally:
-        release.set()
+    settings = make_settings(concurrency=1, max_attempts=1)
+    await cancel_once_requests_arrived(settings, receiver, 1, release)
     sent = receiver.requests[0].webhook_id
     stored = {str(i): await row(db, i) for i in ids}
     # The one request that went out counts (it may have arrived): its last allowed attempt.
