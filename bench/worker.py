@@ -121,8 +121,7 @@ async def run_seed(args: argparse.Namespace) -> dict[str, Any]:
 
     settings = relay_settings(args.database_url, args.url, args.concurrency)
     conn = await asyncpg.connect(args.database_url)
-    session = make_session(settings)
-    publisher = Publisher.from_settings(session, settings)
+    publisher = Publisher.from_settings(settings)
     delivered = 0
     try:
         started = time.monotonic()
@@ -145,7 +144,7 @@ async def run_seed(args: argparse.Namespace) -> dict[str, Any]:
                 delivered += 1
         wall = time.monotonic() - started
     finally:
-        await session.close()
+        await publisher.close()
         await conn.close()
     return {"wall_seconds": wall, "delivered": delivered}
 

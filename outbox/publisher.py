@@ -8,9 +8,13 @@ import time
 from collections.abc import Mapping
 
 import aiohttp
+from aiohttp.client_reqrep import ClientRequest
+from aiohttp.connector import Connection
+from aiohttp.tracing import Trace
 
 from outbox.models import DeliveryResult, LeasedMessage, Response, TransportError, Undeliverable
 from outbox.redact import Redactor
+from outbox.resources import Closeable
 from outbox.settings import Settings, WebhookEndpoint
 from outbox.signing import Signer
 
@@ -22,10 +26,34 @@ REDACTION_SLACK_BYTES = 4096
 USER_AGENT = "outbox-relay/0.1"
 
 
-def make_session(settings: Settings) -> aiohttp.ClientSession:
-    """The HTTP session deliveries share: keep-alive, one connection per concurrent delivery."""
+class FreshConnector(aiohttp.TCPConnector):
+    """A connector that never hands out a kept-alive connection holding unread bytes.
+
+    A receiver may send more than its answer (a second, unsolicited response) on a keep-alive
+    connection. aiohttp parses such bytes as they arrive and queues them, and the next request
+    on that connection would take them for its own answer: a 503 read as a stray 200 marks the
+    message delivered. Such a connection is closed here, before any request is written on it.
+    """
+
+    async def connect(
+        self,
+        req: ClientRequest,
+        traces: list[Trace],
+        timeout: aiohttp.ClientTimeout,  # noqa: ASYNC109 - aiohttp's signature
+    ) -> Connection:
+        while True:
+            connection = await super().connect(req, traces, timeout)
+            protocol = connection.protocol
+            if protocol is None or not protocol.should_close:
+                return connection
+            connection.close()  # unexpected data arrived while it was idle: never reuse it
+
+
+def make_session(settings: Settings, *, limit: int | None = None) -> aiohttp.ClientSession:
+    """An HTTP session for one endpoint: keep-alive, at most ``limit`` connections (by default
+    one per concurrent delivery)."""
     return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=settings.concurrency, limit_per_host=0),
+        connector=FreshConnector(limit=limit or settings.concurrency, limit_per_host=0),
         timeout=aiohttp.ClientTimeout(total=settings.http_timeout_seconds),
         headers={"user-agent": USER_AGENT},
         raise_for_status=False,
@@ -60,20 +88,24 @@ def build_headers(signer: Signer, message_id: str, body: bytes) -> dict[str, str
     return headers
 
 
-class Publisher:
-    """POSTs leased messages to the endpoint configured for their event type."""
+class Publisher(Closeable):
+    """POSTs leased messages to the endpoint configured for their event type.
+
+    Each endpoint has an HTTP session (and so a connection pool) of its own: a receiver's stray
+    bytes, or a slow or dead endpoint, never touch another endpoint's connections.
+    """
 
     def __init__(
         self,
-        session: aiohttp.ClientSession,
         webhooks: Mapping[str, WebhookEndpoint],
+        sessions: Mapping[str, aiohttp.ClientSession],
         *,
         timeout_seconds: float,
         max_payload_bytes: int,
         redact: Redactor,
     ) -> None:
-        self._session = session
         self._webhooks = webhooks
+        self._sessions = sessions
         # Prepared once: the secrets do not change while the process runs.
         self._signers = {event_type: Signer(e.signing_keys) for event_type, e in webhooks.items()}
         self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
@@ -81,14 +113,19 @@ class Publisher:
         self._redact = redact
 
     @classmethod
-    def from_settings(cls, session: aiohttp.ClientSession, settings: Settings) -> Publisher:
+    def from_settings(cls, settings: Settings) -> Publisher:
+        """A publisher with a session of its own per endpoint (call inside the event loop)."""
         return cls(
-            session,
             settings.webhooks,
+            {event_type: make_session(settings) for event_type in settings.webhooks},
             timeout_seconds=settings.http_timeout_seconds,
             max_payload_bytes=settings.max_payload_bytes,
             redact=Redactor.from_settings(settings),
         )
+
+    async def close(self) -> None:
+        for session in self._sessions.values():
+            await session.close()
 
     def sendable(self, message: LeasedMessage) -> str | Undeliverable:
         """The payload text to send, or why ``message`` can never be delivered as stored."""
@@ -114,7 +151,7 @@ class Publisher:
         body = build_body(message, payload)
         headers = build_headers(self._signers[message.event_type], str(message.message_id), body)
         try:
-            return await self._post(endpoint.url, body, headers)
+            return await self._post(self._sessions[message.event_type], endpoint.url, body, headers)
         except TimeoutError:
             return TransportError(f"timed out after {self._timeout.total:g}s", "TimeoutError")
         except aiohttp.ClientResponseError as exc:
@@ -126,8 +163,10 @@ class Publisher:
             name = type(exc).__name__
             return TransportError(self._redact(f"{name}: {exc}"), name)
 
-    async def _post(self, url: str, body: bytes, headers: dict[str, str]) -> Response:
-        async with self._session.post(
+    async def _post(
+        self, session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
+    ) -> Response:
+        async with session.post(
             url, data=body, headers=headers, allow_redirects=False, timeout=self._timeout
         ) as response:
             chunk = await response.content.read(MAX_SNIPPET_BYTES + REDACTION_SLACK_BYTES)

@@ -9,11 +9,10 @@ from __future__ import annotations
 import asyncio
 from typing import Self
 
-import aiohttp
 import asyncpg
 
 from outbox.processor import OutboxProcessor
-from outbox.publisher import Publisher, make_session
+from outbox.publisher import Publisher
 from outbox.resources import Closeable
 from outbox.settings import Settings
 from outbox.store import Connection
@@ -34,25 +33,22 @@ async def create_pool(settings: Settings) -> Connection:
 
 
 class Relay(Closeable):
-    """A processor with its own pool and session; close it when done."""
+    """A processor with its own pool and HTTP sessions; close it when done."""
 
-    def __init__(
-        self, settings: Settings, pool: Connection, session: aiohttp.ClientSession
-    ) -> None:
+    def __init__(self, settings: Settings, pool: Connection, publisher: Publisher) -> None:
         self.settings = settings
         self.pool = pool
-        self.session = session
+        self.publisher = publisher
         self.loop = asyncio.get_running_loop()
-        publisher = Publisher.from_settings(session, settings)
         self.processor = OutboxProcessor(pool, publisher.deliver, settings)
 
     @classmethod
     async def open(cls, settings: Settings) -> Self:
         pool = await create_pool(settings)
-        return cls(settings, pool, make_session(settings))
+        return cls(settings, pool, Publisher.from_settings(settings))
 
     async def close(self) -> None:
-        await self.session.close()
+        await self.publisher.close()
         await self.pool.close()
 
 

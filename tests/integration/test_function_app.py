@@ -254,7 +254,7 @@ async def test_clients_are_created_once_per_process_and_reused(
     again = await shared_relay()
     assert again is first
     assert again.pool is first.pool
-    assert again.session is first.session
+    assert again.publisher is first.publisher
 
 
 async def test_end_to_end_through_azurite(

@@ -17,7 +17,7 @@ import function_app
 from outbox import operations, store, triggers
 from outbox.operations import InvalidRequestError, RequeueFilter
 from outbox.processor import OutboxProcessor
-from outbox.publisher import Publisher, make_session
+from outbox.publisher import Publisher
 from tests.conftest import SECRET
 from tests.support.outbox_helpers import open_relay, row, run_cli, seed, statuses
 from tests.support.receiver import Receiver, Reply
@@ -369,8 +369,8 @@ async def test_purging_200k_rows_does_not_stall_a_running_drain(
     pool = await asyncpg.create_pool(
         database_url, min_size=0, max_size=4, server_settings={"lock_timeout": "1s"}
     )
-    session = make_session(settings)
-    processor = OutboxProcessor(pool, Publisher.from_settings(session, settings).deliver, settings)
+    publisher = Publisher.from_settings(settings)
+    processor = OutboxProcessor(pool, publisher.deliver, settings)
     purger = await asyncpg.connect(database_url)
     try:
         # A purge batch caught mid-transaction, holding its row locks: the drain goes past it.
@@ -386,7 +386,7 @@ async def test_purging_200k_rows_does_not_stall_a_running_drain(
         report = await purge
     finally:
         await purger.close()
-        await session.close()
+        await publisher.close()
         await pool.close()
     for summary in (during_batch, during_purge):
         assert (summary.error, summary.processed) == (None, 200)

@@ -17,7 +17,6 @@ import outbox
 from outbox import store
 from outbox.models import DrainSummary
 from outbox.processor import Deliver, OutboxProcessor, shielded
-from outbox.publisher import Publisher
 from outbox.settings import QueueSettings
 from outbox.wakeup import WakeUpQueue
 from tests.conftest import SECRET
@@ -283,9 +282,7 @@ async def test_a_hint_s_run_does_not_lease_again_once_caught_up(
     settings = make_settings(batch_size=10)
     async with open_relay(settings) as relay:
         pool = CountingPool(relay.pool)
-        processor = OutboxProcessor(
-            pool, Publisher.from_settings(relay.session, settings).deliver, settings
-        )
+        processor = OutboxProcessor(pool, relay.publisher.deliver, settings)
         summary = await processor.execute(until_caught_up=True)
     assert (summary.processed, summary.stopped_by) == (25, "drained")
     # 10, 10, 5: the short lease ends the run without one more that would find nothing.
@@ -336,9 +333,7 @@ async def test_outcomes_of_a_batch_are_written_in_one_statement(
     settings = make_settings(batch_size=10)
     async with open_relay(settings) as relay:
         pool = CountingPool(relay.pool)
-        processor = OutboxProcessor(
-            pool, Publisher.from_settings(relay.session, settings).deliver, settings
-        )
+        processor = OutboxProcessor(pool, relay.publisher.deliver, settings)
         summary = await processor.execute()
     assert (summary.processed, summary.retried) == (20, 5)
     writes = [size for name, size in pool.calls if name == "record_outcomes"]
@@ -349,7 +344,7 @@ async def test_outcomes_of_a_batch_are_written_in_one_statement(
 async def drain_with_delivery(settings: Any, wrap: Callable[[Deliver], Deliver]) -> DrainSummary:
     """One run of a processor whose delivery a test wraps, to inject a fault at that edge."""
     async with open_relay(settings) as relay:
-        publish = Publisher.from_settings(relay.session, settings).deliver
+        publish = relay.publisher.deliver
         processor = OutboxProcessor(relay.pool, wrap(publish), settings)
         return await asyncio.wait_for(processor.execute(), 60)  # a guard against a hang
 
@@ -393,9 +388,7 @@ async def test_an_outcome_write_retried_after_its_lost_reply_counts_and_records_
     settings = make_settings()
     async with open_relay(settings) as relay:
         pool = LostReplyPool(relay.pool)
-        processor = OutboxProcessor(
-            pool, Publisher.from_settings(relay.session, settings).deliver, settings
-        )
+        processor = OutboxProcessor(pool, relay.publisher.deliver, settings)
         summary = await processor.execute()
     assert pool.lost
     assert (summary.processed, summary.stale, summary.unrecorded) == (3, 0, 0)
@@ -440,9 +433,7 @@ async def test_an_outcome_write_that_fails_ends_the_run(
     settings = make_settings(batch_size=5)
     async with open_relay(settings) as relay:
         pool = FailingWritesPool(relay.pool, error)
-        processor = OutboxProcessor(
-            pool, Publisher.from_settings(relay.session, settings).deliver, settings
-        )
+        processor = OutboxProcessor(pool, relay.publisher.deliver, settings)
         summary = await processor.execute()
     assert summary.stopped_by == "error"
     assert (summary.error or "").startswith(reported)
@@ -483,9 +474,7 @@ async def test_a_batch_that_fails_outside_its_deliveries_is_logged_without_secre
     monkeypatch.setattr(OutboxProcessor, "_outcome", broken)
     settings = make_settings()
     async with open_relay(settings) as relay:
-        processor = OutboxProcessor(
-            relay.pool, Publisher.from_settings(relay.session, settings).deliver, settings
-        )
+        processor = OutboxProcessor(relay.pool, relay.publisher.deliver, settings)
         await asyncio.wait_for(processor.execute(), 60)
     logged = [r.getMessage() for r in caplog.records if "batch failed" in r.getMessage()]
     assert logged

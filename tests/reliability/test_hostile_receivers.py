@@ -12,10 +12,11 @@ import pytest
 from outbox.outcomes import MAX_ERROR_CHARS
 from tests.conftest import SECRET
 from tests.support.instrumented_relay import memory_growth_kib
-from tests.support.outbox_helpers import open_relay, row, seed, statuses
+from tests.support.outbox_helpers import eventually, open_relay, row, seed, statuses
 from tests.support.raw_server import (
     Answer,
     RawServer,
+    StrayServer,
     bytes_answer,
     endless_body_answer,
     trickle_answer,
@@ -250,3 +251,67 @@ async def test_a_url_echoed_across_the_snippet_limit_is_not_cut_in_half(
     for text in (snippet, stored["last_error"]):
         assert "CUTt0ken" not in text
         assert "/orders/" not in text
+
+
+@pytest.fixture
+async def stray_server() -> AsyncIterator[Callable[..., Any]]:
+    servers: list[StrayServer] = []
+
+    async def start(answers: dict[str, list[int]], stray: dict[str, float]) -> StrayServer:
+        server = await StrayServer(answers, stray).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        await server.stop()
+
+
+async def assert_answered_503(db: Any, message_id: Any) -> None:
+    stored = await row(db, message_id)
+    assert (stored["status"], stored["last_error"]) == ("Pending", "HTTP 503"), dict(stored)
+    history = await db.fetch(
+        "SELECT http_status FROM outbox_attempts WHERE outbox_message_id = $1", message_id
+    )
+    assert [r["http_status"] for r in history] == [503]
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.3], ids=["with-the-answer", "20ms", "300ms"])
+async def test_a_stray_response_is_never_taken_for_a_later_request_s_answer(
+    db: Any, make_settings: Any, stray_server: Any, delay: float
+) -> None:
+    # /stray answers 200 and then, unasked, another 200; its second request gets a 503.
+    # /broken, on the same host and port, only ever answers 503.
+    server = await stray_server({"/stray": [200, 503], "/broken": [503]}, {"/stray": delay})
+    webhooks = {"Stray": {"url": server.url("/stray")}, "Broken": {"url": server.url("/broken")}}
+    async with open_relay(make_settings(webhooks=webhooks, concurrency=1)) as relay:
+        await seed(db, event_type="Stray")
+        assert (await relay.processor.execute()).processed == 1
+
+        async def stray_arrived() -> bool:
+            return server.strays_sent == 1
+
+        await eventually(stray_arrived)  # it arrived before the next request was sent
+        [again] = await seed(db, event_type="Stray")
+        [other] = await seed(db, event_type="Broken")
+        summary = await relay.processor.execute()
+    assert (summary.processed, summary.retried) == (0, 2)
+    await assert_answered_503(db, again)
+    await assert_answered_503(db, other)
+
+
+async def test_stray_responses_under_load_never_mark_another_endpoint_s_message_delivered(
+    db: Any, make_settings: Any, stray_server: Any
+) -> None:
+    server = await stray_server({"/stray": [200], "/broken": [503]}, {"/stray": 0.002})
+    webhooks = {"Stray": {"url": server.url("/stray")}, "Broken": {"url": server.url("/broken")}}
+    broken = []
+    for _ in range(50):
+        await seed(db, 3, event_type="Stray")
+        broken += await seed(db, event_type="Broken")
+    async with open_relay(make_settings(webhooks=webhooks)) as relay:
+        summary = await relay.processor.execute(budget_seconds=30)
+    assert summary.leased == 200
+    assert server.requests.count("/broken") == 50
+    for message_id in broken:
+        await assert_answered_503(db, message_id)

@@ -107,3 +107,75 @@ def endless_body_answer(status: int, total_bytes: int, chunk: bytes = b"x" * 655
             left -= len(piece)
 
     return answer
+
+
+STRAY_RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
+
+
+class StrayServer:
+    """A keep-alive HTTP/1.1 server that, after some answers, sends a second response nobody
+    asked for: ``HTTP/1.1 200`` on the same connection, ``delay`` seconds after the real one.
+
+    ``answers[path]`` is the status each request to ``path`` gets (the last one repeats);
+    ``stray[path]`` the delay of the unsolicited 200 that follows each answer there.
+    """
+
+    def __init__(self, answers: dict[str, list[int]], stray: dict[str, float]) -> None:
+        self.answers = answers
+        self.stray = stray
+        self.requests: list[str] = []  # the path of each request, in order
+        self.strays_sent = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> StrayServer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def url(self, path: str) -> str:
+        return f"http://127.0.0.1:{self.port}{path}"
+
+    def _status(self, path: str) -> int:
+        seen = self.requests.count(path)
+        statuses = self.answers[path]
+        return statuses[min(seen, len(statuses)) - 1]
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(_content_length(head))
+                path = head.split(b" ", 2)[1].decode()
+                self.requests.append(path)
+                status = self._status(path)
+                writer.write(f"HTTP/1.1 {status} X\r\ncontent-length: 0\r\n\r\n".encode())
+                await writer.drain()
+                if path in self.stray:
+                    stray = asyncio.create_task(self._stray(writer, self.stray[path]))
+                    self._tasks.add(stray)
+                    stray.add_done_callback(self._tasks.discard)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            self._tasks.discard(task)
+
+    async def _stray(self, writer: asyncio.StreamWriter, delay: float) -> None:
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            if delay:
+                await asyncio.sleep(delay)
+            if not writer.is_closing():
+                writer.write(STRAY_RESPONSE)
+                await writer.drain()
+                self.strays_sent += 1
