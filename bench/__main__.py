@@ -5,7 +5,8 @@ Figures, each repeated and reported as a median:
 - throughput: raw HTTP ceiling, this relay, pgqueuer and the seed's loop drain the same messages
   to the same receiver (its own process), interleaved round by round;
 - latency: commit → webhook received at a steady offered load, one drain per wake-up hint;
-- scale: the lease statement with 10k and with 1M finished rows, and its plan;
+- scale: the lease statement with 10k and with 1M finished rows, and its plan; and with 1M rows
+  waiting behind 1,000 held ordering keys;
 - memory: the relay's peak RSS draining a 100k backlog.
 
 The smoke run uses tiny sizes and checks only that every message of every contender arrived.
@@ -32,6 +33,9 @@ SMOKE = {
     "scale_large": 20_000,
     "scale_failed": 2_000,
     "scale_repeats": 3,
+    "held_keys": 20,
+    "held_behind": 50,
+    "held_fresh_keys": 5,
     "memory_messages": 1_000,
     "memory_runs": 1,
 }
@@ -53,6 +57,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--scale-failed", type=int, default=100_000)
     add("--scale-pending", type=int, default=1_000)
     add("--scale-repeats", type=int, default=25)
+    add("--held-keys", type=int, default=1_000, help="held ordering keys in the held-keys figure")
+    add("--held-behind", type=int, default=1_000, help="rows waiting behind each held key")
+    add("--held-fresh-keys", type=int, default=50, help="held keys whose rows are parked afresh")
     add("--memory-messages", type=int, default=100_000)
     add("--memory-runs", type=int, default=3)
     add("--skip", default="", help=f"comma-separated phases to skip: {', '.join(PHASES)}")
@@ -104,6 +111,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             failed=args.scale_failed,
             pending=args.scale_pending,
             repeats=args.scale_repeats,
+        )
+        results["held_keys"] = await scale.measure_held(
+            keys=args.held_keys,
+            behind=args.held_behind,
+            pending=args.scale_pending,
+            repeats=args.scale_repeats,
+            fresh_keys=args.held_fresh_keys,
         )
     return results
 

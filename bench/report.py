@@ -17,6 +17,7 @@ TARGETS = {
     "relay_vs_raw": 0.8,
     "relay_vs_seed": 5.0,
     "lease_large_vs_small": 2.0,  # at most
+    "lease_held_vs_none": 2.0,  # at most
     "relay_peak_rss_mb": 200.0,  # at most
 }
 LABELS = {
@@ -155,12 +156,14 @@ def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     found: dict[str, float] = dict(results.get("throughput", {}).get("ratios", {}))
     if "scale" in results:
         found["lease_large_vs_small"] = results["scale"]["ratio"]
+    if "held_keys" in results:
+        found["lease_held_vs_none"] = results["held_keys"]["ratio"]
     if "memory" in results:
         found["relay_peak_rss_mb"] = results["memory"]["peak_rss_mb_median"]
     verdicts = {}
     for name, value in found.items():
         goal = TARGETS[name]
-        at_most = name in ("lease_large_vs_small", "relay_peak_rss_mb")
+        at_most = name in ("lease_large_vs_small", "lease_held_vs_none", "relay_peak_rss_mb")
         verdicts[name] = {
             "value": value,
             "target": f"<= {goal:g}" if at_most else f">= {goal:g}",
@@ -327,5 +330,14 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(
             f"| lease statement, {s['small']['label']} / {s['large']['label']} | "
             f"{s['small']['lease_ms_median']:g} / {s['large']['lease_ms_median']:g} ms | |"
+        )
+    if "held_keys" in doc:
+        h = doc["held_keys"]
+        parking = h["first_parking"]
+        lines.append(
+            f"| lease statement, {h['without']['label']} / {h['with']['label']} | "
+            f"{h['without']['lease_ms_median']:g} / {h['with']['lease_ms_median']:g} ms "
+            f"(× {h['ratio']:g}); parking {parking['rows']:,} rows the first time: "
+            f"{parking['leases']} leases, {parking['seconds']:g} s | |"
         )
     return "\n".join(lines)

@@ -1,10 +1,17 @@
-"""Scale: the lease statement with few and with many finished rows in the table.
+"""Scale: the lease statement with few and with many finished rows in the table, and with many
+rows waiting behind held ordering keys.
 
 The same database grows from ``small`` Processed rows to ``large`` Processed plus ``failed``
 Failed rows (written with ``generate_series``, as years of traffic would leave them), always
 with the same ``pending`` due rows. At each size the lease statement (``lease_batch``, batch of
 100) runs ``repeats`` times, each in a transaction that is rolled back so every run leases the
 same rows; its plan is captured with ``EXPLAIN (FORMAT JSON)``.
+
+Held keys: ``held_keys`` ordering keys whose first message is Failed (the default ``hold``
+keeps the rest waiting) with ``held_behind`` Pending messages behind each, beside the same
+``pending`` due rows: the lease is timed without them and with them, parked as the relay leaves
+them. Separately, how long leases take to park such rows the first time (a backlog no relay had
+seen, e.g. after an upgrade) is timed on a fraction of them.
 """
 
 from __future__ import annotations
@@ -151,4 +158,71 @@ async def measure(
         "small": few,
         "large": many,
         "ratio": round(many["lease_ms_median"] / few["lease_ms_median"], 2),
+    }
+
+
+# Older than the due rows of FILL: a lease meets them first, as it meets a key held for long.
+HELD = """
+INSERT INTO outbox_messages (outbox_message_id, event_type, payload, status, attempt_count,
+                             last_error, ordering_key, ordering_seq, created_at, next_attempt_at)
+SELECT gen_random_uuid(), 'OrderPlaced', jsonb_build_object('orderId', k, 'n', n),
+       CASE WHEN n = 0 THEN 'Failed' ELSE 'Pending' END, CASE WHEN n = 0 THEN 10 ELSE 0 END,
+       CASE WHEN n = 0 THEN 'gave up after 10 attempts: HTTP 500' END, $3 || k,
+       nextval('outbox_messages_ordering_seq'), now() - interval '60 days',
+       now() - interval '60 days'
+FROM (SELECT k, n FROM generate_series(1, $1) AS k, generate_series(0, $2) AS n
+      ORDER BY n, k) AS rows
+"""
+# What the lease leaves behind a held key: next_attempt_at past the end of every due scan.
+PARK = "UPDATE outbox_messages SET next_attempt_at = 'infinity' WHERE ordering_key LIKE $1"
+SET_ASIDE = (
+    "UPDATE outbox_messages SET next_attempt_at = next_attempt_at + make_interval(days => $1) "
+    "WHERE ordering_key IS NULL"
+)
+
+
+async def time_parking(conn: Any, keys: int, behind: int) -> dict[str, Any]:
+    """Leases until ``keys`` × ``behind`` never-seen rows behind held keys are all parked (the
+    unkeyed due rows are set aside meanwhile, so that each lease meets only those)."""
+    await conn.execute(HELD, keys, behind, "fresh-")
+    await conn.execute(SET_ASIDE, 1)
+    await conn.execute("ANALYZE outbox_messages")
+    leases, started = 0, time.perf_counter()
+    while await conn.fetch(QUERIES["lease_batch"], *LEASE_ARGUMENTS):
+        leases += 1
+    seconds = time.perf_counter() - started
+    await conn.execute(SET_ASIDE, -1)
+    return {"rows": keys * behind, "leases": leases, "seconds": round(seconds, 3)}
+
+
+async def measure_held(
+    *, keys: int, behind: int, pending: int, repeats: int, fresh_keys: int
+) -> dict[str, Any]:
+    async with Database("held") as db:
+        await db.migrate()
+        conn = await db.connect()
+        try:
+            await fill(conn, pending, "Pending")
+            without = await measure_size(
+                conn, f"{pending:,} due, no held keys", repeats, must_not_scan_table=False
+            )
+            await conn.execute(HELD, keys, behind, "held-")
+            await conn.execute(PARK, "held-%")
+            held = await measure_size(
+                conn,
+                f"{pending:,} due + {keys * behind:,} behind {keys:,} held keys",
+                repeats,
+                must_not_scan_table=True,
+            )
+            parking = await time_parking(conn, fresh_keys, behind)
+        finally:
+            await conn.close()
+    log(f"scale held keys: parking {parking}")
+    return {
+        "keys": keys,
+        "behind": behind,
+        "without": without,
+        "with": held,
+        "ratio": round(held["lease_ms_median"] / without["lease_ms_median"], 2),
+        "first_parking": parking,
     }

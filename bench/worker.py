@@ -125,7 +125,7 @@ async def run_seed(args: argparse.Namespace) -> dict[str, Any]:
     delivered = 0
     try:
         started = time.monotonic()
-        while batch := await store.lease_batch(conn, 100, settings.lease_seconds):
+        while batch := (await store.lease_batch(conn, 100, settings.lease_seconds)).messages:
             for message in batch:
                 outcome = classify(
                     await publisher.deliver(message),

@@ -22,7 +22,7 @@ import asyncpg
 
 from outbox import operations
 from outbox.console import configure_cli, configure_console, help_text
-from outbox.errors import ConfigurationError, InvalidMessageError, OutboxError
+from outbox.errors import ConfigurationError, InvalidMessageError, OutboxError, describe
 from outbox.local import load_run_env
 from outbox.migrate import migrate
 from outbox.processor import DATABASE_ERRORS
@@ -238,5 +238,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_FAILED
     except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
         redact = Redactor.from_settings(settings)
-        print(f"error: database: {redact(f'{type(exc).__name__}: {exc}')}", file=sys.stderr)
+        print(f"error: database: {redact(describe(exc))}", file=sys.stderr)
         return EXIT_FAILED

@@ -26,3 +26,19 @@ class DuplicateMessageError(OutboxError):
 
 class MigrationError(OutboxError):
     """The migrations on disk disagree with the ones recorded in the database."""
+
+
+# What an exception that carries no message of its own means, where the relay meets it.
+_SILENT = {
+    TimeoutError: "no answer in time (the database or peer is overloaded, locked or unreachable)",
+}
+
+
+def describe(exc: BaseException) -> str:
+    """``ExceptionType: message``, never with an empty message (``str(TimeoutError())`` is '')."""
+    text = str(exc).strip()
+    if not text:
+        text = next(
+            (meaning for kind, meaning in _SILENT.items() if isinstance(exc, kind)), "(no message)"
+        )
+    return f"{type(exc).__name__}: {text}"

@@ -17,11 +17,11 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
-from uuid import UUID
 
 import asyncpg
 
 from outbox import store
+from outbox.errors import describe
 from outbox.logs import log_event
 from outbox.models import (
     Attempt,
@@ -37,7 +37,7 @@ from outbox.models import (
 )
 from outbox.outcomes import classify
 from outbox.redact import Redactor
-from outbox.settings import Settings
+from outbox.settings import LEASE_SAFETY_SECONDS, Settings
 
 logger = logging.getLogger(__name__)
 batch_logger = logging.getLogger("outbox.batch")
@@ -55,8 +55,9 @@ MAX_BATCHES_IN_FLIGHT = 2
 # Batches still open (delivering or writing their outcomes). Outcome writes do not hold up the
 # next lease, so a slow commit does not leave the HTTP slots idle; this bounds them.
 MAX_BATCHES_OPEN = 2 * MAX_BATCHES_IN_FLIGHT
-# A delivery starts only if it can time out this long before its lease does.
-LEASE_SAFETY_SECONDS = 1.0
+# Bounds for the pace of requests that admission assumes, and for one wait for room.
+MIN_PACE_SECONDS = 0.001
+MAX_ROOM_WAIT_SECONDS = 0.5
 NOT_SENT = "run interrupted before this message was sent"
 # Outcome writes are retried this often (the pool replaces a dropped connection in between).
 RECORD_RETRY_DELAYS = (0.2, 1.0, 3.0)
@@ -83,10 +84,10 @@ class _Run:
     # Monotonic: no lease and no delivery starts later.
     deadline: float
     until_caught_up: bool
-    # Since the run's last short lease: the ordering keys of the messages it finished (the next
-    # message with one of them may have become due), and when the first of its outcomes that
-    # stays due comes due again (a message given back, a short retry), monotonic.
-    finished_keys: set[str] = field(default_factory=set)
+    # Since the run's last short lease: whether an outcome it recorded let the next message of
+    # an ordering key go, and when the first of its outcomes that stays due comes due again
+    # (a message given back, a short retry), monotonic.
+    let_next_go: bool = False
     due_again: float = math.inf
 
 
@@ -104,6 +105,8 @@ class _Batch:
     # Per message: when its request started (wall clock, monotonic), or None (not started).
     started: list[tuple[datetime, float] | None] = field(init=False)
     remaining: int = field(init=False)
+    # Per message: whether it still waits for a delivery slot (counted by the admission).
+    queued: list[bool] = field(init=False)
     # Set once its outcomes are being written: a message not yet started is not sent any more.
     closed: bool = field(default=False, init=False)
 
@@ -111,6 +114,7 @@ class _Batch:
         self.attempts = [None] * len(self.messages)
         self.started = [None] * len(self.messages)
         self.remaining = len(self.messages)
+        self.queued = [True] * len(self.messages)
 
     def settle(self, index: int, attempt: Attempt | BaseException | None) -> None:
         if attempt is not None:
@@ -122,6 +126,54 @@ class _Batch:
 
 # A message waiting for a delivery loop: its batch and its index there.
 _Work = tuple[_Batch, int]
+
+
+class _Admission:
+    """How much this process's runs may lease: what its delivery slots can start in time.
+
+    Leased messages wait for one of the process's slots, shared by every run (hint, timer and
+    HTTP drains at once). A message that cannot start before its run's budget ends, or before
+    its lease is too short, is given back and leased again later: with many runs, or a slow
+    receiver, leasing more than can start only turns in circles. So a run leases at most what
+    the slots can start, at the pace the process's recent requests took, before the earlier of
+    its budget's end and the lease's last start time, less what already waits.
+    """
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.waiting = 0
+        # Seconds per request, smoothed; None until the first one has finished.
+        self.pace: float | None = None
+
+    def reserve(self, count: int) -> None:
+        """Count ``count`` messages as waiting before they are leased (other runs lease too)."""
+        self.waiting += count
+
+    def release(self, count: int) -> None:
+        """Stop counting ``count`` reserved messages that the lease did not return."""
+        self.waiting -= count
+
+    def leave(self, batch: _Batch, index: int) -> None:
+        """The message no longer waits (it starts, or it will not be sent now)."""
+        if batch.queued[index]:
+            batch.queued[index] = False
+            self.waiting -= 1
+
+    def finished(self, seconds: float) -> None:
+        """A request took ``seconds``."""
+        self.pace = seconds if self.pace is None else 0.8 * self.pace + 0.2 * seconds
+
+    def room(self, within: float, batch_size: int) -> int:
+        """How many messages to lease now, for slots that must start them ``within`` seconds."""
+        if self.pace is None:  # no request has finished yet: one batch, to learn the pace
+            return 0 if self.waiting else batch_size
+        startable = self.concurrency * within / max(self.pace, MIN_PACE_SECONDS)
+        return max(0, min(batch_size, math.floor(startable) - self.waiting))
+
+    async def wait(self, until: float) -> None:
+        """Let some of what waits start (about one request's time), at most ``until``."""
+        pause = min(max(self.pace or 0.0, MIN_PACE_SECONDS), MAX_ROOM_WAIT_SECONDS)
+        await asyncio.sleep(max(0.0, min(pause, until - time.monotonic())))
 
 
 class OutboxProcessor:
@@ -140,6 +192,8 @@ class OutboxProcessor:
         self._settings = settings
         self._redact = redact or Redactor.from_settings(settings)
         self._slots = asyncio.Semaphore(settings.concurrency)
+        self._admission = _Admission(settings.concurrency)
+        self._hold = settings.ordering_on_failure == "hold"
         self._stopping = False
 
     def stop(self) -> None:
@@ -173,6 +227,9 @@ class OutboxProcessor:
             asyncio.create_task(self._deliver_loop(work)) for _ in range(self._settings.concurrency)
         ]
         try:
+            if not until_caught_up:
+                # A sweep or a drain by hand: also let go what a change by hand left parked.
+                await store.release_held(self._pool, hold_on_failure=self._hold)
             await self._drain(run, batches, work)
         except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
             self._report_database_error(summary, exc)
@@ -208,39 +265,63 @@ class OutboxProcessor:
             if time.monotonic() >= run.deadline:
                 summary.stopped_by = "budget"
                 return
-            if len(delivering) >= MAX_BATCHES_IN_FLIGHT or len(batches) >= MAX_BATCHES_OPEN:
-                busy = delivering if len(delivering) >= MAX_BATCHES_IN_FLIGHT else batches
-                await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
-                continue
+            size = await self._lease_size(run, delivering, batches)
+            if not size:
+                continue  # it waited for room: everything above may have changed
             lease_deadline = time.monotonic() + self._settings.lease_seconds
-            leased = await store.lease_batch(
-                self._pool,
-                self._settings.batch_size,
-                self._settings.lease_seconds,
-                hold_on_failure=self._settings.ordering_on_failure == "hold",
-                max_payload_bytes=self._settings.max_payload_bytes,
-            )
-            if not leased and not batches:
-                return
-            if leased:
-                batch = _Batch(leased, lease_deadline, run, loop.create_future())
+            lease = await self._lease(size)
+            if lease.messages:
+                batch = _Batch(lease.messages, lease_deadline, run, loop.create_future())
                 self._start(batch, work, delivering, batches)
-            if len(leased) < self._settings.batch_size:
+            if lease.taken < size:
+                if not lease.taken and not batches:
+                    return
                 # Caught up: let the in-flight batches finish (their retries may come due), then
                 # lease once more; the run ends on an empty lease with nothing in flight. A run
                 # until caught up ends here unless that lease could find something of its own.
                 await self._finish(batches)
-                if run.until_caught_up and await self._caught_up(run):
+                if run.until_caught_up and _caught_up(run):
                     return
-                run.finished_keys, run.due_again = set(), math.inf
+                run.let_next_go, run.due_again = False, math.inf
 
-    async def _caught_up(self, run: _Run) -> bool:
-        """Whether one more lease would find nothing this run gave back or held back."""
-        if run.due_again <= time.monotonic():
-            return False
-        if run.finished_keys:
-            return not await store.successors_due(self._pool, sorted(run.finished_keys))
-        return True
+    async def _lease_size(
+        self, run: _Run, delivering: set[asyncio.Future[None]], batches: set[asyncio.Task[None]]
+    ) -> int:
+        """How many messages the run leases now; 0 after it waited while it, or the whole
+        process, had as much leased as can be delivered soon."""
+        if len(delivering) >= MAX_BATCHES_IN_FLIGHT or len(batches) >= MAX_BATCHES_OPEN:
+            busy = delivering if len(delivering) >= MAX_BATCHES_IN_FLIGHT else batches
+            await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
+            return 0
+        window = self._start_window(run, time.monotonic())
+        size = self._admission.room(window, self._settings.batch_size)
+        if not size:
+            await self._admission.wait(run.deadline)
+        return size
+
+    async def _lease(self, size: int) -> store.Lease:
+        """Lease up to ``size`` messages, counted as waiting from before the statement is sent."""
+        self._admission.reserve(size)
+        leased = 0
+        try:
+            lease = await store.lease_batch(
+                self._pool,
+                size,
+                self._settings.lease_seconds,
+                hold_on_failure=self._hold,
+                max_payload_bytes=self._settings.max_payload_bytes,
+            )
+            leased = len(lease.messages)
+            return lease
+        finally:
+            self._admission.release(size - leased)
+
+    def _start_window(self, run: _Run, now: float) -> float:
+        """Seconds from ``now`` within which a message leased now must start to be sent."""
+        last_start = self._settings.lease_seconds - (
+            self._settings.http_timeout_seconds + LEASE_SAFETY_SECONDS
+        )
+        return min(run.deadline - now, last_start)
 
     def _start(
         self,
@@ -289,25 +370,31 @@ class OutboxProcessor:
             # Also on cancellation: whatever finished is recorded, whatever was sent and did not
             # finish is retried, whatever was not sent is released (and will not be sent now).
             batch.closed = True
+            for index in range(len(batch.messages)):
+                self._admission.leave(batch, index)
             now = datetime.now(UTC)
             records = [self._outcome(batch, index, now) for index in range(len(batch.messages))]
             if batch.run.until_caught_up:  # only such a run asks what comes due
-                _note_what_comes_due(batch.run, records, self._settings.ordering_on_failure)
-            await shielded(self._record(records, batch.run.summary))
+                _note_what_comes_due(batch.run, records)
+            await shielded(self._record(records, batch.run))
 
     async def _attempt(self, batch: _Batch, index: int) -> Attempt:
         # Asked before waiting for a slot too: the slots are shared with the process's other
         # runs, and a message this run will not send must not wait behind their requests.
         if reason := self._not_sent_because(batch, time.monotonic()):
+            self._admission.leave(batch, index)
             return Attempt(NotAttempted(reason), datetime.now(UTC), 0)
         async with self._slots:
+            self._admission.leave(batch, index)
             now = datetime.now(UTC)
             started = time.monotonic()
             if reason := self._not_sent_because(batch, started):
                 return Attempt(NotAttempted(reason), now, 0)
             batch.started[index] = (now, started)
             result = await self._deliver(batch.messages[index])
-            return Attempt(result, now, round((time.monotonic() - started) * 1000))
+            took = time.monotonic() - started
+            self._admission.finished(took)
+            return Attempt(result, now, round(took * 1000))
 
     def _not_sent_because(self, batch: _Batch, at: float) -> str | None:
         """Why a message of ``batch`` must not be sent at ``at`` (monotonic), if it must not."""
@@ -362,14 +449,17 @@ class OutboxProcessor:
             return Attempt(result, now, 0)
         return Attempt(result, started[0], round((time.monotonic() - started[1]) * 1000))
 
-    async def _record(self, records: list[Recorded], summary: DrainSummary) -> None:
+    async def _record(self, records: list[Recorded], run: _Run) -> None:
+        summary = run.summary
         tries = 0
 
-        async def write() -> set[UUID]:
+        async def write() -> store.Written:
             nonlocal tries
             tries += 1
             # A retry may follow a write that committed before its connection was lost.
-            return await store.record_outcomes(self._pool, records, retrying=tries > 1)
+            return await store.record_outcomes(
+                self._pool, records, hold_on_failure=self._hold, retrying=tries > 1
+            )
 
         try:
             written = await retry_database(write)
@@ -380,11 +470,12 @@ class OutboxProcessor:
             return
         except Exception as exc:  # noqa: BLE001 - a bug: in the summary, not only in a log line
             summary.unrecorded += len(records)
-            self._report_error(summary, f"outcome write failed: {type(exc).__name__}: {exc}")
+            self._report_error(summary, f"outcome write failed: {describe(exc)}")
             return
+        run.let_next_go |= written.lets_next_go
         batch = DrainSummary(leased=len(records))
         for record in records:
-            applied = record.message.message_id in written
+            applied = record.message.message_id in written.applied
             log_outcome(record, applied=applied)
             for counts in (summary, batch):
                 if applied:
@@ -412,12 +503,12 @@ class OutboxProcessor:
                 if isinstance(result, BaseException) and not isinstance(
                     result, asyncio.CancelledError
                 ):
-                    text = self._redact(f"{type(result).__name__}: {result}")
+                    text = self._redact(describe(result))
                     logger.error("outbox batch failed: %s", text)
             tasks.difference_update(snapshot)
 
     def _report_database_error(self, summary: DrainSummary, exc: BaseException) -> None:
-        self._report_error(summary, f"database error: {type(exc).__name__}: {exc}")
+        self._report_error(summary, f"database error: {describe(exc)}")
 
     def _report_error(self, summary: DrainSummary, text: str) -> None:
         summary.stopped_by = "error"
@@ -425,17 +516,19 @@ class OutboxProcessor:
         logger.error("outbox drain: %s", summary.error)
 
 
-def _note_what_comes_due(run: _Run, records: list[Recorded], on_failure: str) -> None:
-    """Keep, in ``run``, when the first of these outcomes that leaves its row due comes due, and
-    the ordering keys whose next message these outcomes let go."""
+def _note_what_comes_due(run: _Run, records: list[Recorded]) -> None:
+    """Keep, in ``run``, when the first of these outcomes that leaves its row due comes due."""
     now = time.monotonic()
     for record in records:
-        outcome, key = record.outcome, record.message.ordering_key
+        outcome = record.outcome
         if outcome.status is Status.PENDING:
             due = now if outcome.not_attempted else now + outcome.delay_seconds
             run.due_again = min(run.due_again, due)
-        elif key is not None and (outcome.status is Status.PROCESSED or on_failure == "release"):
-            run.finished_keys.add(key)
+
+
+def _caught_up(run: _Run) -> bool:
+    """Whether one more lease would find nothing this run gave back or let go."""
+    return not run.let_next_go and run.due_again > time.monotonic()
 
 
 def log_outcome(record: Recorded, *, applied: bool) -> None:

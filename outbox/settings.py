@@ -36,6 +36,8 @@ from outbox.errors import ConfigurationError
 SECRET_PREFIX = "whsec_"  # noqa: S105 - the Standard Webhooks prefix, not a secret
 DEFAULT_QUEUE_NAME = "outbox-wakeup"
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
+# A delivery starts only if it can time out this long before its lease does.
+LEASE_SAFETY_SECONDS = 1.0
 PayloadLimit = Annotated[int, Field(ge=1024, le=64 * 1_048_576)]
 # Azure Storage queue names: 3-63 characters, lowercase letters, digits and single hyphens.
 _QUEUE_NAME = re.compile(r"^(?=.{3,63}$)[a-z0-9](?:[a-z0-9]|-(?!-))*[a-z0-9]$")
@@ -270,12 +272,17 @@ class Settings(QueueSettings):
 
     @model_validator(mode="after")
     def _check_lease_outlives_timeout(self) -> Settings:
-        # A delivery may only start while the lease still outlives its timeout.
-        if self.lease_seconds <= self.http_timeout_seconds + 1:
+        # A delivery starts only while its lease outlives its timeout by a second; the lease must
+        # leave at least one more timeout to start the batch's later requests in. With less,
+        # the later messages of every batch could never start: given back, leased again, and so
+        # on, without end.
+        minimum = min_lease_seconds(self.http_timeout_seconds)
+        if self.lease_seconds < minimum:
             raise ValueError(
-                f"{env_name('lease_seconds')} ({self.lease_seconds:g}) must exceed "
-                f"{env_name('http_timeout_seconds')} ({self.http_timeout_seconds:g}) by more "
-                "than one second, or no delivery could finish within its lease"
+                f"{env_name('lease_seconds')} ({self.lease_seconds:g}) must be at least "
+                f"2 × {env_name('http_timeout_seconds')} + 1 = {minimum:g}: a delivery starts "
+                "only while its lease outlives its timeout by 1 s, and the lease must leave "
+                "one more timeout in which a batch's later requests can start"
             )
         return self
 
@@ -283,6 +290,11 @@ class Settings(QueueSettings):
     def batch_rounds(self) -> int:
         """How many delivery rounds one batch takes at full concurrency."""
         return math.ceil(self.batch_size / self.concurrency)
+
+
+def min_lease_seconds(http_timeout_seconds: float) -> float:
+    """The shortest lease that leaves a delivery of this timeout a real margin."""
+    return 2 * http_timeout_seconds + LEASE_SAFETY_SECONDS
 
 
 class _PayloadLimitSetting(BaseModel):

@@ -44,6 +44,19 @@ async def insert_message(
     return inserted is not None
 
 
+class Lease(NamedTuple):
+    """What one lease statement did: the messages it leased, and how many due rows it parked
+    behind their ordering key. Together they are at most the batch size; when they fill it,
+    more may be due."""
+
+    messages: list[LeasedMessage]
+    parked: int = 0
+
+    @property
+    def taken(self) -> int:
+        return len(self.messages) + self.parked
+
+
 async def lease_batch(
     conn: Connection,
     batch_size: int,
@@ -51,56 +64,77 @@ async def lease_batch(
     *,
     hold_on_failure: bool = True,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
-) -> list[LeasedMessage]:
+) -> Lease:
     """Claim up to ``batch_size`` due rows for ``lease_seconds``.
 
     ``hold_on_failure``: a Failed message keeps later ones with its ordering key waiting.
     Payloads above ``max_payload_bytes`` are not fetched (``payload`` is None; the size is kept).
+    A lease whose ``taken`` is ``batch_size`` may have left more due, even if it leased fewer.
     """
     rows = await conn.fetch(
         QUERIES["lease_batch"], batch_size, lease_seconds, hold_on_failure, max_payload_bytes
     )
-    return [LeasedMessage.from_row(row) for row in rows]
+    leased = [LeasedMessage.from_row(row) for row in rows if row["lease_token"] is not None]
+    return Lease(leased, len(rows) - len(leased))
 
 
-async def successors_due(conn: Connection, keys: Sequence[str]) -> bool:
-    """Whether a Pending message with one of these ordering keys is due."""
-    rows = await conn.fetch(QUERIES["successors_due"], list(keys))
-    return bool(rows[0]["due"])
+async def release_held(conn: Connection, *, hold_on_failure: bool = True) -> int:
+    """Make due again the parked messages whose wait is over though nothing let them go (the
+    message before them was deleted or changed by hand); returns how many."""
+    rows = await conn.fetch(QUERIES["release_held"], hold_on_failure)
+    return len(rows)
+
+
+class Written(NamedTuple):
+    """What an outcome write applied: the ids still held by our lease, and whether one of them
+    let the next message of its ordering key go, due now."""
+
+    applied: set[UUID]
+    lets_next_go: bool = False
 
 
 async def record_outcomes(
-    conn: Connection, records: Sequence[Recorded], *, retrying: bool = False
-) -> set[UUID]:
+    conn: Connection,
+    records: Sequence[Recorded],
+    *,
+    hold_on_failure: bool = True,
+    retrying: bool = False,
+) -> Written:
     """Write a batch's outcomes and attempt history in one statement.
 
-    Returns the ids whose outcome was applied (still held by our lease). ``retrying``: this
-    repeats a write whose reply was lost, so it may have committed; nothing is written twice.
+    ``retrying``: this repeats a write whose reply was lost, so it may have committed; nothing is
+    written twice (and what the lost write let go is not known: ``lets_next_go`` is then True).
     """
     if not records:
-        return set()
+        return Written(set())
     if retrying:
         ids = [r.message.message_id for r in records]
         tokens = [r.message.lease_token for r in records]
         earlier = await conn.fetchrow(QUERIES["outcomes_written"], ids, tokens)
         if earlier["written"] or earlier["applied"]:
-            return set(earlier["applied"])  # it committed: writing again would double the history
+            # It committed: writing again would double the history.
+            return Written(set(earlier["applied"]), lets_next_go=True)
     try:
-        return await _write_outcomes(conn, records)
+        return await _write_outcomes(conn, records, hold_on_failure)
     except asyncpg.ForeignKeyViolationError:
         # A message was deleted (purged, or by hand) after another worker took it over: our
         # stale attempt has nowhere to go. Write the rest; the deleted ones count as stale.
         ids = [r.message.message_id for r in records]
         present = {row["outbox_message_id"] for row in await conn.fetch(QUERIES["present"], ids)}
-        return await _write_outcomes(conn, [r for r in records if r.message.message_id in present])
+        kept = [r for r in records if r.message.message_id in present]
+        return await _write_outcomes(conn, kept, hold_on_failure)
 
 
-async def _write_outcomes(conn: Connection, records: Sequence[Recorded]) -> set[UUID]:
+async def _write_outcomes(
+    conn: Connection, records: Sequence[Recorded], hold_on_failure: bool
+) -> Written:
     if not records:
-        return set()
+        return Written(set())
     columns = zip(*(_outcome_row(r) for r in records), strict=True)
-    rows = await conn.fetch(QUERIES["record_outcomes"], *map(list, columns))
-    return {row["outbox_message_id"] for row in rows}
+    rows = await conn.fetch(QUERIES["record_outcomes"], *map(list, columns), hold_on_failure)
+    return Written(
+        {row["outbox_message_id"] for row in rows}, any(row["lets_next_go"] for row in rows)
+    )
 
 
 class OutcomeRow(NamedTuple):

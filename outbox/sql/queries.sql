@@ -19,23 +19,54 @@ RETURNING outbox_message_id;
 -- While a row is Processing its next_attempt_at equals lease_expires_at, so the partial index
 -- (next_attempt_at, created_at) serves both halves of the seed's condition in one ordered scan.
 -- A Processing row without any lease (set by hand) belongs to no worker: it is claimable too.
--- A keyed row is due only when no earlier row with its key is still waiting (ordering index).
+-- A keyed row is due only when no earlier row with its key is still waiting; one that waits
+-- behind a message that is not being delivered (Pending, or Failed where that holds the key) is
+-- parked instead (next_attempt_at = 'infinity'), so no later lease reads it again until the
+-- message before it is done. One row per leased message,
+-- and one without columns (lease_token NULL) per parked one.
 WITH due AS (
-    SELECT m.outbox_message_id
+    SELECT m.outbox_message_id, before.outbox_message_id AS waits_for
     FROM outbox_messages AS m
+    LEFT JOIN LATERAL (
+        -- The nearest earlier message of its key that is still in the way (ordering index).
+        SELECT e.outbox_message_id, e.status, e.next_attempt_at
+        FROM outbox_messages AS e
+        WHERE e.ordering_key = m.ordering_key
+          AND e.ordering_seq < m.ordering_seq
+          AND e.status <> 'Processed'
+          AND (e.status <> 'Failed' OR $3::bool)
+        ORDER BY e.ordering_seq DESC
+        LIMIT 1
+    ) AS before ON true
     WHERE m.status IN ('Pending', 'Processing')
       AND m.next_attempt_at <= now()
       AND (m.status = 'Pending' OR m.lease_expires_at IS NULL OR m.lease_expires_at <= now())
-      AND (m.ordering_key IS NULL OR NOT EXISTS (
-            SELECT 1
-            FROM outbox_messages AS earlier
-            WHERE earlier.ordering_key = m.ordering_key
-              AND earlier.ordering_seq < m.ordering_seq
-              AND earlier.status <> 'Processed'
-              AND (earlier.status <> 'Failed' OR $3::bool)))
+      -- Free, or waiting behind a message that is not in flight (parked below); one whose
+      -- predecessor is being delivered is left for a later lease.
+      AND (before.outbox_message_id IS NULL OR before.status <> 'Processing')
     ORDER BY m.next_attempt_at, m.created_at
     FOR UPDATE OF m SKIP LOCKED
     LIMIT $1
+),
+holding AS (
+    -- The messages the parked rows wait behind, locked and checked again at their latest
+    -- version: none of them can move on (be leased, requeued, purged) before the parking
+    -- commits, so the statement that later lets a parked row go always sees it parked.
+    -- (Ids as arrays: the planner knows nothing of a CTE's rows and would read the table.)
+    SELECT e.outbox_message_id
+    FROM outbox_messages AS e
+    WHERE e.outbox_message_id = ANY (ARRAY(SELECT waits_for FROM due))
+      AND (e.status = 'Pending' OR (e.status = 'Failed' AND $3::bool))
+    FOR SHARE OF e SKIP LOCKED
+),
+parked AS (
+    UPDATE outbox_messages AS m
+    SET next_attempt_at = 'infinity'
+    WHERE m.outbox_message_id = ANY (ARRAY(
+        SELECT due.outbox_message_id
+        FROM due
+        JOIN holding ON holding.outbox_message_id = due.waits_for))
+    RETURNING m.outbox_message_id
 ),
 leased AS (
     UPDATE outbox_messages AS m
@@ -47,33 +78,30 @@ leased AS (
         lease_token = gen_random_uuid()
     FROM due
     WHERE m.outbox_message_id = due.outbox_message_id
+      AND due.waits_for IS NULL
     RETURNING m.outbox_message_id, m.event_type, m.payload::text AS payload_text,
               m.attempt_count, m.lease_token, m.created_at, m.ordering_key
 )
 -- The payload is turned into text once per row (RETURNING cannot share an expression).
-SELECT outbox_message_id, event_type,
-       CASE WHEN octet_length(payload_text) <= $4 THEN payload_text END AS payload,
-       octet_length(payload_text) AS payload_bytes,
-       attempt_count, lease_token, created_at, ordering_key
-FROM leased;
-
--- successors_due --
--- Whether a message with one of these ordering keys ($1) is due: a hint's run that finished the
--- one before it leases once more for it (its own hint may have found it held back).
-SELECT EXISTS (
-    SELECT 1
-    FROM outbox_messages
-    WHERE ordering_key = ANY($1::text[])
-      AND status = 'Pending'
-      AND next_attempt_at <= now()
-) AS due;
+SELECT due.outbox_message_id, leased.event_type,
+       CASE WHEN octet_length(leased.payload_text) <= $4 THEN leased.payload_text END AS payload,
+       octet_length(leased.payload_text) AS payload_bytes,
+       leased.attempt_count, leased.lease_token, leased.created_at, leased.ordering_key
+FROM due
+LEFT JOIN leased ON leased.outbox_message_id = due.outbox_message_id
+LEFT JOIN parked ON parked.outbox_message_id = due.outbox_message_id
+WHERE leased.outbox_message_id IS NOT NULL OR parked.outbox_message_id IS NOT NULL;
 
 -- record_outcomes --
 -- Write a whole batch of outcomes and their attempt history in one statement. $1…$12 are arrays,
--- one element per record, in the order of the column list below (store.OutcomeRow).
+-- one element per record, in the order of the column list below (store.OutcomeRow); $13 whether a
+-- Failed message holds back later messages with its ordering key.
 -- Fenced by the lease token: a worker whose lease expired and was re-leased cannot overwrite the
 -- newer outcome; its attempt is still kept in the history, with applied = false. Rows released
 -- without an attempt get no history. started_epoch (the worker's clock) is for the history only.
+-- A keyed message that is done (delivered, or Failed where that does not hold its key) lets the
+-- next message of its key go: parked behind it, that one is due now. Returns each applied
+-- outcome, and whether it let a next message go that is due now.
 WITH o AS (
     SELECT *
     FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[], $6::bool[],
@@ -96,6 +124,32 @@ updated AS (
     WHERE m.outbox_message_id = o.outbox_message_id
       AND m.status = 'Processing'
       AND m.lease_token = o.lease_token
+    RETURNING m.outbox_message_id, m.status, m.ordering_key, m.ordering_seq
+),
+next_in_key AS (
+    SELECT u.outbox_message_id AS after, n.outbox_message_id, n.next_attempt_at
+    FROM updated AS u
+    CROSS JOIN LATERAL (
+        SELECT n.outbox_message_id, n.status, n.next_attempt_at
+        FROM outbox_messages AS n
+        WHERE n.ordering_key = u.ordering_key
+          AND n.ordering_seq > u.ordering_seq
+          AND n.status <> 'Processed'
+          AND (n.status <> 'Failed' OR $13::bool)
+        ORDER BY n.ordering_seq
+        LIMIT 1
+    ) AS n
+    WHERE u.ordering_key IS NOT NULL
+      AND (u.status = 'Processed' OR (u.status = 'Failed' AND NOT $13::bool))
+      AND n.status = 'Pending'
+),
+let_go AS (
+    UPDATE outbox_messages AS m
+    SET next_attempt_at = now()
+    FROM next_in_key
+    WHERE m.outbox_message_id = next_in_key.outbox_message_id
+      AND m.status = 'Pending'
+      AND m.next_attempt_at = 'infinity'
     RETURNING m.outbox_message_id
 ),
 history AS (
@@ -110,7 +164,58 @@ history AS (
     LEFT JOIN updated ON updated.outbox_message_id = o.outbox_message_id
     WHERE NOT o.not_attempted
 )
-SELECT outbox_message_id FROM updated;
+SELECT u.outbox_message_id,
+       COALESCE(n.next_attempt_at = 'infinity' OR n.next_attempt_at <= now(), false)
+           AS lets_next_go
+FROM updated AS u
+LEFT JOIN next_in_key AS n ON n.after = u.outbox_message_id;
+
+-- release_held --
+-- Let go parked messages whose wait is over although nothing let them go: the message before
+-- them was deleted or changed by hand, or OUTBOX_ORDERING_ON_FAILURE became release. Reads the
+-- first parked message of each key only (held index); $1 as in lease_batch.
+WITH RECURSIVE held_keys AS (
+    (SELECT ordering_key FROM outbox_messages
+      WHERE next_attempt_at = 'infinity' AND ordering_key IS NOT NULL
+      ORDER BY ordering_key LIMIT 1)
+    UNION ALL
+    SELECT (SELECT k.ordering_key FROM outbox_messages AS k
+             WHERE k.next_attempt_at = 'infinity' AND k.ordering_key > h.ordering_key
+             ORDER BY k.ordering_key LIMIT 1)
+    FROM held_keys AS h
+    WHERE h.ordering_key IS NOT NULL
+),
+first_held AS (
+    SELECT f.outbox_message_id, f.ordering_key, f.ordering_seq
+    FROM held_keys AS h
+    CROSS JOIN LATERAL (
+        SELECT p.outbox_message_id, p.ordering_key, p.ordering_seq
+        FROM outbox_messages AS p
+        WHERE p.next_attempt_at = 'infinity' AND p.ordering_key = h.ordering_key
+        ORDER BY p.ordering_seq
+        LIMIT 1
+    ) AS f
+    WHERE h.ordering_key IS NOT NULL
+),
+wait_over AS (
+    SELECT f.outbox_message_id
+    FROM first_held AS f
+    WHERE NOT EXISTS (
+        SELECT 1
+        FROM outbox_messages AS e
+        WHERE e.ordering_key = f.ordering_key
+          AND e.ordering_seq < f.ordering_seq
+          AND e.status <> 'Processed'
+          AND (e.status <> 'Failed' OR $1::bool)
+    )
+)
+UPDATE outbox_messages AS m
+SET next_attempt_at = now()
+FROM wait_over
+WHERE m.outbox_message_id = wait_over.outbox_message_id
+  AND m.status = 'Pending'
+  AND m.next_attempt_at = 'infinity'
+RETURNING m.outbox_message_id;
 
 -- outcomes_written --
 -- Before an outcome write is retried after a lost reply: did it commit after all? $1 ids, $2 the

@@ -512,7 +512,7 @@ async def test_an_expired_lease_is_released_to_another_worker(
 ) -> None:
     [message_id] = await seed(db)
     # A worker leases the row for half a second and dies without recording anything.
-    [leased] = await store.lease_batch(db, 10, 0.5)
+    [leased] = (await store.lease_batch(db, 10, 0.5)).messages
     await eventually(lambda: db.fetchval("SELECT lease_expires_at <= now() FROM outbox_messages"))
     async with open_relay(make_settings()) as relay:
         summary = await relay.processor.execute()
@@ -675,15 +675,16 @@ async def test_a_cancelled_run_releases_what_it_never_sent_without_counting_it(
 async def test_a_run_cancelled_while_it_finishes_leaves_no_delivery_running(
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
-    # Two batches of four, two requests at a time: the first request is held, the others take
-    # 1 s each. The 3 s budget ends once the first batch is under way, the second batch is
-    # released, and the run is finishing (waiting for the held request) when the host cancels it.
+    # Batches of four, two requests at a time: the first request is held, the others take 1 s
+    # each. The 3 s budget ends once the first batch is under way, what the next lease took and
+    # could not start is given back, and the run is finishing (waiting for the held request)
+    # when the host cancels it.
     hold = asyncio.Event()
     receiver.script("/orders", Reply(200, hold=hold), then=Reply(200, delay=1.0))
     await seed(db, 8)
     async with open_relay(make_settings(concurrency=2, batch_size=4)) as relay:
         drain = asyncio.create_task(relay.processor.execute(budget_seconds=3.0))
-        await eventually(lambda: _released(db, 4))  # the second batch, given back
+        await eventually(lambda: _released(db, 1))  # the budget is spent
         assert receiver.in_flight == 1  # still held: the run is finishing
         drain.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -727,22 +728,43 @@ async def test_a_run_s_unsent_messages_do_not_wait_behind_another_run_s_requests
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
     # One processor, one slot, shared by two runs (as the queue, timer and HTTP functions of one
-    # worker share it). Once the short run's budget is spent, its unsent messages are given
-    # back at once, not each after one of the long run's requests.
-    receiver.script("/orders", then=Reply(200, delay=0.3))
+    # worker share it). The long run's first requests are quick, then one takes 2 s and the
+    # rest 0.3 s each. The short run leases what the slot could start at the quick pace; once
+    # its budget is spent, its unsent messages are given back together, not each after one of
+    # the long run's requests.
+    receiver.script(
+        "/orders", *[Reply(200)] * 3, Reply(200, delay=2.0), then=Reply(200, delay=0.3)
+    )
     await seed(db, 10)
     async with open_relay(make_settings(concurrency=1, batch_size=5)) as relay:
         long_run = asyncio.create_task(relay.processor.execute())
-        await receiver.wait_for(1)
-        # The long run holds its two batches (it leases no third before one is delivered).
+        await eventually(lambda: _true(receiver.in_flight == 1 and len(receiver.requests) == 4))
         await seed(db, 5)
         short = await relay.processor.execute(budget_seconds=0.2)
         sent_meanwhile = len(receiver.requests)
         await long_run
     assert short.stopped_by == "budget"
-    assert short.released == short.leased - short.processed >= 4
-    # The request in flight when the short run's budget ended, and the one it waited behind.
-    assert sent_meanwhile <= 3
+    assert short.released == short.leased >= 1
+    # The slow request in flight when the short run's budget ended, and at most one after it.
+    assert sent_meanwhile <= 5
+
+
+async def test_a_run_leases_no_more_than_the_shared_slots_can_start_within_its_budget(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    # The long run keeps the one slot busy at 0.3 s a request: a run with a 0.2 s budget
+    # beside it leases nothing it could not start, so it has nothing to give back.
+    receiver.script("/orders", then=Reply(200, delay=0.3))
+    await seed(db, 10)
+    async with open_relay(make_settings(concurrency=1, batch_size=5)) as relay:
+        long_run = asyncio.create_task(relay.processor.execute())
+        await receiver.wait_for(2)  # the pace of a request is known
+        await seed(db, 5)
+        short = await relay.processor.execute(budget_seconds=0.2)
+        await long_run
+    assert short.stopped_by == "budget"
+    assert (short.leased, short.released) == (0, 0)
+    assert await statuses(db) == {"Processed": 15}
 
 
 async def test_a_hint_s_run_leases_again_what_it_gave_back(
@@ -753,7 +775,7 @@ async def test_a_hint_s_run_leases_again_what_it_gave_back(
     # announced them is used up, so the run must take them itself.
     receiver.script("/orders", then=Reply(200, delay=0.8))
     await seed(db, 6)
-    settings = make_settings(concurrency=1, batch_size=4, lease_seconds=4, http_timeout_seconds=2)
+    settings = make_settings(concurrency=1, batch_size=4, lease_seconds=5, http_timeout_seconds=2)
     async with open_relay(settings) as relay:
         summary = await relay.processor.execute(until_caught_up=True)
     assert summary.released >= 1

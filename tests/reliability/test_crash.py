@@ -22,8 +22,8 @@ MESSAGES = 30
 BATCH = 5
 CONCURRENCY = 5
 # Short enough to wait out, long enough that no held request times out before the kill.
-LEASE_SECONDS = 8
-HTTP_TIMEOUT_SECONDS = 6
+LEASE_SECONDS = 9
+HTTP_TIMEOUT_SECONDS = 4
 
 
 @pytest.mark.slow

@@ -17,6 +17,8 @@ import asyncpg
 import pytest
 
 from outbox.models import DrainSummary
+from outbox.processor import OutboxProcessor
+from outbox.publisher import Publisher
 from tests.support.outbox_helpers import (
     eventually,
     open_relay,
@@ -121,7 +123,7 @@ async def test_backends_terminated_until_the_run_gives_up_report_a_clean_error_t
     release = asyncio.Event()
     receiver.script("/orders", then=Reply(200, hold=release))
     settings = make_settings(
-        batch_size=BATCH, concurrency=MESSAGES, lease_seconds=4, http_timeout_seconds=2
+        batch_size=BATCH, concurrency=MESSAGES, lease_seconds=4, http_timeout_seconds=1.5
     )
     async with open_relay(settings) as relay:
         run = asyncio.create_task(relay.processor.execute())
@@ -167,7 +169,7 @@ async def test_database_unreachable_mid_drain_reports_a_clean_error_and_the_next
         batch_size=BATCH,
         concurrency=MESSAGES,
         lease_seconds=4,
-        http_timeout_seconds=2,
+        http_timeout_seconds=1.5,
     )
     async with open_relay(settings) as relay:
         run = asyncio.create_task(relay.processor.execute())
@@ -302,3 +304,27 @@ async def test_a_lease_on_a_connection_the_server_is_closing_ends_the_run_with_a
         recovered = await relay.processor.execute()
     assert (recovered.processed, recovered.error) == (1, None)
     assert [r.webhook_id for r in receiver.requests] == [str(message_id)]
+
+
+async def test_a_statement_that_times_out_ends_the_run_with_an_error_that_says_so(
+    db: Any, database_url: str, make_settings: Any
+) -> None:
+    await seed(db)
+    settings = make_settings()
+    pool = await asyncpg.create_pool(database_url, min_size=0, max_size=2, command_timeout=0.5)
+    publisher = Publisher.from_settings(settings)
+    try:
+        async with db.transaction():
+            # Nothing of the table can be read while this is held: the lease waits, then times out.
+            await db.execute("LOCK TABLE outbox_messages IN ACCESS EXCLUSIVE MODE")
+            summary = await OutboxProcessor(pool, publisher.deliver, settings).execute()
+    finally:
+        await publisher.close()
+        await pool.close()
+    assert summary.stopped_by == "error"
+    # asyncpg raises a TimeoutError without a message; the summary says what it means.
+    assert summary.error == (
+        "database error: TimeoutError: no answer in time "
+        "(the database or peer is overloaded, locked or unreachable)"
+    )
+    assert await statuses(db) == {"Pending": 1}

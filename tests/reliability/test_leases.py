@@ -13,7 +13,14 @@ import pytest
 
 from outbox.store import QUERIES
 from tests.conftest import SECRET
-from tests.support.outbox_helpers import row, seed, wait_for_leases_to_expire
+from tests.support.outbox_helpers import (
+    open_relay,
+    row,
+    seed,
+    seed_many,
+    statuses,
+    wait_for_leases_to_expire,
+)
 from tests.support.receiver import Receiver, Reply
 from tests.support.relay_process import RelayProcess, relay_env, run_relay
 
@@ -27,7 +34,7 @@ async def test_a_worker_frozen_past_its_lease_cannot_overwrite_the_newer_outcome
     answer_late = asyncio.Event()
     # The first worker's request is answered with a failure, but only once it is frozen.
     receiver.script("/orders", Reply(500, b"late failure", hold=answer_late), then=Reply(200))
-    env = relay_env(database_url, webhooks, lease_seconds=3, http_timeout_seconds=1.5)
+    env = relay_env(database_url, webhooks, lease_seconds=4, http_timeout_seconds=1.5)
     frozen = await RelayProcess(env).start()
     try:
         await receiver.wait_for(1, timeout=30)
@@ -128,3 +135,29 @@ async def _lease(db: Any, message_id: Any) -> tuple[Any, ...]:
 async def _seconds_from_database_now(db: Any, moment: Any) -> float:
     seconds: float = await db.fetchval("SELECT abs(extract(epoch FROM now() - $1))::float8", moment)
     return seconds
+
+
+@pytest.mark.slow
+async def test_many_runs_at_once_in_one_process_do_not_lease_and_give_back_in_circles(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    # Twenty drains at once in one process (HTTP drains, a hint, the timer) share its four
+    # delivery slots; each run's budget ends while others' requests hold the slots.
+    messages = 600
+    await seed_many(db, messages)
+    receiver.script("/orders", then=Reply(200, delay=0.02))
+    settings = make_settings(concurrency=4, batch_size=50)
+    summaries: list[Any] = []
+    async with open_relay(settings) as relay:
+
+        async def drain_until_done() -> None:
+            while (await statuses(relay.pool)).get("Processed", 0) < messages:
+                summaries.append(await relay.processor.execute(budget_seconds=0.5))
+
+        await asyncio.wait_for(asyncio.gather(*(drain_until_done() for _ in range(20))), 120)
+    assert await statuses(db) == {"Processed": messages}
+    released = sum(s.released for s in summaries)
+    leased = sum(s.leased for s in summaries)
+    # Given back only what a run's budget caught waiting, not its whole lease over and over.
+    assert released <= messages // 2, (released, leased)
+    assert leased == messages + released

@@ -77,7 +77,7 @@ def test_missing_database_url_is_named() -> None:
         ("OUTBOX_QUEUE_NAME", "Bad_Name", "OUTBOX_QUEUE_NAME: must be a valid Azure Storage queue"),
         ("OUTBOX_WEBHOOKS", "[1]", "OUTBOX_WEBHOOKS: must be a JSON object"),
         ("OUTBOX_WEBHOOKS", "{nope", "OUTBOX_WEBHOOKS: is not valid JSON"),
-        ("OUTBOX_LEASE_SECONDS", "5", "OUTBOX_LEASE_SECONDS (5) must exceed"),
+        ("OUTBOX_LEASE_SECONDS", "5", "OUTBOX_LEASE_SECONDS (5) must be at least"),
     ],
 )
 def test_bad_values_name_the_setting(
@@ -278,3 +278,22 @@ def test_keys_of_the_webhooks_setting_are_named_only_when_they_look_like_names(
 def test_an_empty_value_is_called_empty(env: pytest.MonkeyPatch) -> None:
     env.setenv("OUTBOX_FAILED_RETENTION_DAYS", "")
     assert "OUTBOX_FAILED_RETENTION_DAYS: is set but empty" in load_error()
+
+
+@pytest.mark.parametrize(
+    ("lease", "timeout", "allowed"),
+    [("3.001", "2", False), ("4.99", "2", False), ("5", "2", True), ("21", "10", True)],
+)
+def test_a_lease_must_leave_a_delivery_a_real_margin(
+    env: pytest.MonkeyPatch, lease: str, timeout: str, allowed: bool
+) -> None:
+    env.setenv("OUTBOX_LEASE_SECONDS", lease)
+    env.setenv("OUTBOX_HTTP_TIMEOUT_SECONDS", timeout)
+    if allowed:
+        assert Settings.load().lease_seconds == float(lease)
+    else:
+        # The rule and the minimum, so the fix is plain.
+        assert (
+            f"OUTBOX_LEASE_SECONDS ({lease}) must be at least 2 × OUTBOX_HTTP_TIMEOUT_SECONDS + 1"
+            f" = 5:" in load_error()
+        )
