@@ -287,6 +287,7 @@ def table(doc: dict[str, Any]) -> str:
         "relay_vs_raw": "relay ÷ raw HTTP ceiling",
         "relay_vs_seed": "relay ÷ seed loop",
         "lease_large_vs_small": "lease time, large ÷ small table",
+        "lease_held_vs_none": "lease time, with ÷ without rows behind held keys",
         "relay_peak_rss_mb": "relay peak RSS (MB)",
     }
     for key, label in names.items():
@@ -325,6 +326,11 @@ def table(doc: dict[str, Any]) -> str:
             + (f" ({swept} lost hints swept, not counted)" if swept else "")
             + " | |"
         )
+    return "\n".join(lines + _lease_lines(doc))
+
+
+def _lease_lines(doc: dict[str, Any]) -> list[str]:
+    lines = []
     if "scale" in doc:
         s = doc["scale"]
         lines.append(
@@ -332,12 +338,12 @@ def table(doc: dict[str, Any]) -> str:
             f"{s['small']['lease_ms_median']:g} / {s['large']['lease_ms_median']:g} ms | |"
         )
     if "held_keys" in doc:
-        h = doc["held_keys"]
-        parking = h["first_parking"]
+        held = doc["held_keys"]
+        parking = held["first_parking"]
         lines.append(
-            f"| lease statement, {h['without']['label']} / {h['with']['label']} | "
-            f"{h['without']['lease_ms_median']:g} / {h['with']['lease_ms_median']:g} ms "
-            f"(× {h['ratio']:g}); parking {parking['rows']:,} rows the first time: "
+            f"| lease statement, {held['without']['label']} / {held['with']['label']} | "
+            f"{held['without']['lease_ms_median']:g} / {held['with']['lease_ms_median']:g} ms "
+            f"(ratio {held['ratio']:g}); parking {parking['rows']:,} rows the first time: "
             f"{parking['leases']} leases, {parking['seconds']:g} s | |"
         )
-    return "\n".join(lines)
+    return lines

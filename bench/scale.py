@@ -182,7 +182,7 @@ SET_ASIDE = (
 
 
 async def time_parking(conn: Any, keys: int, behind: int) -> dict[str, Any]:
-    """Leases until ``keys`` × ``behind`` never-seen rows behind held keys are all parked (the
+    """Leases until ``keys`` times ``behind`` never-seen rows behind held keys are all parked (the
     unkeyed due rows are set aside meanwhile, so that each lease meets only those)."""
     await conn.execute(HELD, keys, behind, "fresh-")
     await conn.execute(SET_ASIDE, 1)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from outbox.text import escape_controls
+
 
 def log_event(logger: logging.Logger, level: int, event: str, **fields: Any) -> None:
     """Log ``event`` with ``fields`` (None values are left out)."""
@@ -24,5 +26,6 @@ def log_event(logger: logging.Logger, level: int, event: str, **fields: Any) -> 
 def _format(value: Any) -> str:
     text = str(value)
     if not text or any(c.isspace() or c in '"=' for c in text):
-        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return text
+        text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    # An event type or a receiver's error may hold a newline and a line of its own: escaped.
+    return escape_controls(text)

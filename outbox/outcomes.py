@@ -25,6 +25,7 @@ from outbox.models import (
     TransportError,
     Undeliverable,
 )
+from outbox.text import escape_controls, storable
 
 MAX_ERROR_CHARS = 500
 MAX_SNIPPET_CHARS = 512
@@ -85,7 +86,8 @@ def attempt_facts(result: DeliveryResult) -> AttemptFacts:
     """The history columns for a delivery result (pure)."""
     match result:
         case Response(status=status, snippet=snippet):
-            return AttemptFacts(status, None, storable(snippet[:MAX_SNIPPET_CHARS]) or None)
+            shown = escape_controls(storable(snippet[:MAX_SNIPPET_CHARS]), keep="\n\t")
+            return AttemptFacts(status, None, shown or None)
         case TransportError(error_class=error_class):
             return AttemptFacts(None, error_class)
         case Undeliverable():
@@ -100,14 +102,7 @@ def describe_response(status: int, snippet: str) -> str:
 
 
 def bounded(text: str) -> str:
-    """``text`` on one line and cut to MAX_ERROR_CHARS, whatever the receiver or library sent."""
-    text = " ".join(storable(text).split())
+    """``text`` on one line, its control characters escaped, cut to MAX_ERROR_CHARS, whatever
+    the receiver or library sent."""
+    text = escape_controls(" ".join(storable(text).split()))
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
-
-
-def storable(text: str) -> str:
-    """``text`` with each U+0000 (which PostgreSQL text cannot hold) shown as U+FFFD.
-
-    A receiver's body may contain one; stored as sent, it would fail the whole batch's write.
-    """
-    return text.replace("\x00", "\ufffd")

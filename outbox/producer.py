@@ -32,6 +32,7 @@ from pydantic import BaseModel
 from outbox import store
 from outbox.errors import DuplicateMessageError, InvalidMessageError, TransactionRequiredError
 from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
+from outbox.text import first_control
 from outbox.wakeup import WakeUpQueue, notify_once
 
 Payload = Mapping[str, Any] | BaseModel
@@ -166,12 +167,18 @@ def check_ordering_key(ordering_key: object) -> None:
 
 
 def check_storable_text(name: str, value: str) -> None:
-    """Refuse U+0000 and surrogates here: PostgreSQL would abort the transaction over them."""
+    """Refuse U+0000 and surrogates here: PostgreSQL would abort the transaction over them. And
+    any other control character: an event type or key is a name, which logs and receivers show."""
     if "\x00" in value:
         raise InvalidMessageError(
             f"{name} contains a NUL character (\\u0000), which PostgreSQL text cannot store"
         )
     _utf8(name, value)
+    control = first_control(value)
+    if control is not None:
+        raise InvalidMessageError(
+            f"{name} contains a control character (U+{ord(control):04X}); use printable text"
+        )
 
 
 def serialise_payload(payload: Payload, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Iterable
 from urllib.parse import unquote_plus, urlsplit
@@ -38,6 +39,26 @@ def _url_forms(url: str) -> list[str]:
     forms.append(str(normalised))
     if normalised.path.strip("/") or normalised.query_string:
         forms += [normalised.raw_path_qs, normalised.path_qs]
+    return forms
+
+
+def _credential_forms(url: str) -> list[str]:
+    """The user name and password of a URL (``http://user:pass@host/``), as written, decoded,
+    and as the HTTP client sends them: ``Authorization: Basic <base64 of user:pass>``."""
+    try:
+        parsed = yarl.URL(url)
+    except (TypeError, ValueError):
+        return []
+    if parsed.password is None:
+        return []
+    user, password = parsed.user or "", parsed.password
+    forms = [password, parsed.raw_password or password]
+    for encoding in ("utf-8", "latin-1"):  # aiohttp encodes as latin-1 by default
+        try:
+            pair = f"{user}:{password}".encode(encoding)
+        except UnicodeEncodeError:
+            continue
+        forms.append(base64.b64encode(pair).decode())
     return forms
 
 
@@ -90,6 +111,7 @@ class Redactor:
             # Webhook URLs are often capabilities themselves (a token in the path or query), and
             # a library may print them as the HTTP client normalised them ("%2F" as "/").
             secrets.extend(_url_forms(endpoint.url))
+            secrets.extend(_credential_forms(endpoint.url))
             host_tokens.extend(filter(None, [_host_token(endpoint.url)]))
             if endpoint.secret is not None:
                 value = endpoint.secret.get_secret_value()

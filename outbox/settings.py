@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import binascii
 import functools
+import itertools
 import json
 import math
 import os
@@ -49,6 +50,7 @@ NOT_A_URL = "is not a valid URL (percent-encode special characters such as [ ] i
 # An OUTBOX_WEBHOOKS key is named in an error only if it looks like an event type or a field:
 # anything else may be a URL or a secret put in the wrong place.
 _NAMEABLE_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+_SECRET_PREFIXES = ("whsec_", "sk_", "sk-", "rk_", "pk_live", "ghp_", "gho_", "xox", "eyj")
 
 # Environment names of fields whose name is not OUTBOX_<FIELD>.
 _ENV_NAMES = {
@@ -280,7 +282,7 @@ class Settings(QueueSettings):
         if self.lease_seconds < minimum:
             raise ValueError(
                 f"{env_name('lease_seconds')} ({self.lease_seconds:g}) must be at least "
-                f"2 × {env_name('http_timeout_seconds')} + 1 = {minimum:g}: a delivery starts "
+                f"2 * {env_name('http_timeout_seconds')} + 1 = {minimum:g}: a delivery starts "
                 "only while its lease outlives its timeout by 1 s, and the lease must leave "
                 "one more timeout in which a batch's later requests can start"
             )
@@ -349,6 +351,20 @@ def _describe_location(loc: tuple[int | str, ...]) -> str:
 def _shown(part: int | str, *, quoted: bool = False) -> str:
     """A key or field name as it may be printed: ``<not shown>`` unless it looks like one."""
     text = str(part)
-    if not _NAMEABLE_KEY.match(text):
+    if not _NAMEABLE_KEY.match(text) or looks_secret(text):
         return "<not shown>"
     return repr(text) if quoted else text
+
+
+def looks_secret(text: str) -> bool:
+    """Whether a name-shaped ``text`` may be a secret put where a name belongs: a known token
+    prefix (``whsec_``, ``sk_live_``, ``ghp_``…), or long and random-looking (a name such as
+    ``OrderCompleted2024`` changes between lower case, upper case and digits a few times;
+    base64 or hex, at every other character)."""
+    if text.lower().startswith(_SECRET_PREFIXES):
+        return True
+    if len(text) < 16:
+        return False
+    kinds = ["d" if c.isdigit() else "u" if c.isupper() else "l" for c in text if c.isalnum()]
+    changes = sum(a != b for a, b in itertools.pairwise(kinds))
+    return changes >= len(text) / 4

@@ -732,9 +732,7 @@ async def test_a_run_s_unsent_messages_do_not_wait_behind_another_run_s_requests
     # rest 0.3 s each. The short run leases what the slot could start at the quick pace; once
     # its budget is spent, its unsent messages are given back together, not each after one of
     # the long run's requests.
-    receiver.script(
-        "/orders", *[Reply(200)] * 3, Reply(200, delay=2.0), then=Reply(200, delay=0.3)
-    )
+    receiver.script("/orders", *[Reply(200)] * 3, Reply(200, delay=2.0), then=Reply(200, delay=0.3))
     await seed(db, 10)
     async with open_relay(make_settings(concurrency=1, batch_size=5)) as relay:
         long_run = asyncio.create_task(relay.processor.execute())

@@ -3,6 +3,7 @@ makes ``last_error`` or the relay's memory grow with them."""
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -315,3 +316,33 @@ async def test_stray_responses_under_load_never_mark_another_endpoint_s_message_
     assert server.requests.count("/broken") == 50
     for message_id in broken:
         await assert_answered_503(db, message_id)
+
+
+async def test_terminal_escapes_and_forged_lines_are_stored_and_logged_escaped(
+    db: Any, receiver: Receiver, make_settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A body that would clear the operator's screen, retitle the terminal and ring its bell.
+    receiver.script("/orders", Reply(500, b"\x1b[2J\x1b]0;pwned\x07Internal error\x1b[31m"))
+    [message_id] = await seed(db)
+    # An event type written by hand (enqueue refuses it) that would forge a log line.
+    forged = await db.fetchval(
+        "INSERT INTO outbox_messages (outbox_message_id, event_type, payload) "
+        "VALUES (gen_random_uuid(), $1, '{}') RETURNING outbox_message_id",
+        "Evil\nERROR outbox.drain: FORGED LINE",
+    )
+    with caplog.at_level(logging.DEBUG):
+        async with open_relay(make_settings()) as relay:
+            summary = await relay.processor.execute()
+    assert (summary.retried, summary.failed) == (1, 1)
+    stored = await row(db, message_id)
+    assert stored["last_error"] == "HTTP 500: \\x1b[2J\\x1b]0;pwned\\x07Internal error\\x1b[31m"
+    [snippet] = await db.fetch(
+        "SELECT response_snippet FROM outbox_attempts WHERE outbox_message_id = $1", message_id
+    )
+    assert snippet["response_snippet"].isprintable()
+    assert (await row(db, forged))["last_error"].isprintable()
+    lines = [record.getMessage() for record in caplog.records]
+    assert any("\\x1b[2J" in line for line in lines)
+    assert any("Evil\\x0aERROR outbox.drain: FORGED LINE" in line for line in lines)
+    for line in lines:
+        assert line.isprintable(), line

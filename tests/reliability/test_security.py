@@ -8,12 +8,13 @@ everything the relay produced is searched for each secret: logs at DEBUG from ev
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import azure.functions as func
 import pytest
@@ -21,6 +22,7 @@ from azure.functions.timer import TimerRequest
 
 import function_app
 import outbox
+from outbox import operations
 from outbox.errors import OutboxError
 from outbox.runtime import close_shared_relay
 from tests.conftest import SECRET
@@ -190,3 +192,25 @@ async def test_https_endpoints_are_verified_by_default(
     assert trusted.returncode == 0, trusted.stderr
     assert trusted.summary["processed"] == 1
     assert [r.webhook_id for r in receiver.requests] == [str(message_id)]
+
+
+async def test_credentials_in_a_webhook_url_stay_out_in_every_form_the_relay_sends_them(
+    db: Any, receiver: Receiver, make_settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    user, password = "partner", "s3cret:pass word"
+    url = f"http://{user}:{quote(password, safe='')}@127.0.0.1:{receiver.port}/echo-headers"
+    # A receiver that echoes the request's headers in its error page, as debugging ones do.
+    receiver.responder = lambda request: Reply(500, json.dumps(request.headers).encode())
+    caplog.set_level(logging.DEBUG)
+    [message_id] = await seed(db, event_type="Partner")
+    settings = make_settings(webhooks={"Partner": {"url": url}})
+    async with open_relay(settings) as relay:
+        assert (await relay.processor.execute()).retried == 1
+    basic = base64.b64encode(f"{user}:{password}".encode()).decode()
+    [request] = receiver.requests
+    assert request.headers["authorization"] == f"Basic {basic}"  # what aiohttp made of the URL
+    shown = json.dumps(await operations.show(db, message_id), default=str)
+    assert "[redacted]" in shown
+    for where, text in [("show", shown), ("the logs", caplog.text)]:
+        for secret in (basic, password, quote(password, safe="")):
+            assert secret not in text, f"{secret!r} leaked into {where}"

@@ -5,6 +5,7 @@ import datetime as dt
 import decimal
 import enum
 import json
+import re
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -169,3 +170,23 @@ def test_text_fields_with_a_lone_surrogate_are_refused_by_name(
 ) -> None:
     with pytest.raises(InvalidMessageError, match=rf"{name} contains a surrogate \(U\+DCFF\)"):
         check("Order\udcffX")
+
+
+@pytest.mark.parametrize(
+    ("check", "name"), [(check_event_type, "event_type"), (check_ordering_key, "ordering_key")]
+)
+@pytest.mark.parametrize(
+    ("value", "code"),
+    [
+        ("Evil\nERROR outbox.drain: FORGED LINE", "U+000A"),
+        ("Order\x1b[2JPlaced", "U+001B"),
+        ("Order\x07", "U+0007"),
+        ("Order\u202ePlaced", "U+202E"),  # right-to-left override
+    ],
+)
+def test_text_fields_with_control_characters_are_refused_by_name(
+    check: Callable[[object], None], name: str, value: str, code: str
+) -> None:
+    expected = re.escape(f"{name} contains a control character ({code})")
+    with pytest.raises(InvalidMessageError, match=expected):
+        check(value)

@@ -294,6 +294,32 @@ def test_a_lease_must_leave_a_delivery_a_real_margin(
     else:
         # The rule and the minimum, so the fix is plain.
         assert (
-            f"OUTBOX_LEASE_SECONDS ({lease}) must be at least 2 × OUTBOX_HTTP_TIMEOUT_SECONDS + 1"
+            f"OUTBOX_LEASE_SECONDS ({lease}) must be at least 2 * OUTBOX_HTTP_TIMEOUT_SECONDS + 1"
             f" = 5:" in load_error()
         )
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        SECRET,  # a webhook secret used as an event type by mistake
+        "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+        "sk_live_51H8aBcDeFgHiJkLmN",
+        "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+        "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+    ],
+)
+def test_a_key_that_looks_like_a_secret_is_never_quoted(env: pytest.MonkeyPatch, key: str) -> None:
+    env.setenv("OUTBOX_WEBHOOKS", json.dumps({key: {"url": 5}}))
+    error = load_error()
+    assert key not in error
+    assert key.removeprefix("whsec_") not in error
+    assert "OUTBOX_WEBHOOKS[<not shown>].url" in error
+
+
+@pytest.mark.parametrize(
+    "key", ["OrderCompleted", "order.completed.v2", "OrderCompleted2024", "invoice-paid", "A1"]
+)
+def test_a_key_that_looks_like_an_event_type_is_named(env: pytest.MonkeyPatch, key: str) -> None:
+    env.setenv("OUTBOX_WEBHOOKS", json.dumps({key: {"url": 5}}))
+    assert f"OUTBOX_WEBHOOKS[{key!r}].url" in load_error()
