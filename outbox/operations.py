@@ -135,15 +135,16 @@ async def requeue(conn: store.Connection, wanted: RequeueFilter, *, dry_run: boo
     Their attempt history and last_error stay; a dry run only reports what would change.
     """
     wanted.check()
-    ids = await store.requeue_failed(
+    found = await store.requeue_failed(
         conn,
         wanted.message_ids,
         wanted.event_type,
         wanted.created_from,
         wanted.created_to,
         dry_run=dry_run,
+        listed=MAX_LISTED_IDS,
     )
-    return RequeueReport(len(ids), dry_run, [str(i) for i in ids[:MAX_LISTED_IDS]])
+    return RequeueReport(found.total, dry_run, [str(i) for i in found.first_ids])
 
 
 @dataclass(slots=True)

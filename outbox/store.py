@@ -184,6 +184,13 @@ async def backlog_status(conn: Connection) -> dict[str, Any]:
     return dict(await conn.fetchrow(QUERIES["backlog_status"]))
 
 
+class Requeued(NamedTuple):
+    """How many Failed rows a requeue touched (or, dry, would), and the first ids of them."""
+
+    total: int
+    first_ids: list[UUID]
+
+
 async def requeue_failed(
     conn: Connection,
     message_ids: Sequence[UUID] | None,
@@ -192,12 +199,28 @@ async def requeue_failed(
     created_to: datetime | None,
     *,
     dry_run: bool,
-) -> list[UUID]:
-    """Failed rows matching every given filter, set back to Pending unless ``dry_run``."""
-    query = QUERIES["count_failed" if dry_run else "requeue_failed"]
+    listed: int,
+    batch_size: int = 1000,
+) -> Requeued:
+    """Failed rows matching every given filter, set back to Pending unless ``dry_run``.
+
+    In batches of ``batch_size`` rows, each its own short transaction, so that neither the
+    database nor this process holds all of them at once; ``listed`` ids are kept.
+    """
     ids = list(message_ids) if message_ids is not None else None
-    rows = await conn.fetch(query, ids, event_type, created_from, created_to)
-    return [row["outbox_message_id"] for row in rows]
+    filters = (ids, event_type, created_from, created_to)
+    if dry_run:
+        row = await conn.fetchrow(QUERIES["count_failed"], *filters, listed)
+        return Requeued(row["total"], list(row["first_ids"]))
+    total, first = 0, list[UUID]()
+    after: tuple[datetime | None, UUID | None] = (None, None)
+    while True:
+        rows = await conn.fetch(QUERIES["requeue_failed"], *filters, *after, batch_size)
+        total += len(rows)
+        first += [row["outbox_message_id"] for row in rows[: listed - len(first)]]
+        if len(rows) < batch_size:
+            return Requeued(total, first)
+        after = (rows[-1]["created_at"], rows[-1]["outbox_message_id"])
 
 
 async def purge_batch(conn: Connection, status: str, older_than_days: int, limit: int) -> int:

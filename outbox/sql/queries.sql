@@ -264,30 +264,48 @@ SELECT
         AND (lease_expires_at IS NULL OR lease_expires_at <= now())) AS expired_leases;
 
 -- requeue_failed --
--- Put Failed rows back to Pending, due now, with a fresh attempt budget; history is kept.
--- Each filter applies when it is not NULL: $1 ids, $2 event type, $3/$4 created_at range [from, to).
-UPDATE outbox_messages
+-- Put one batch of Failed rows back to Pending, due now, with a fresh attempt budget; history
+-- is kept. Each filter applies when it is not NULL: $1 ids, $2 event type, $3/$4 created_at range
+-- [from, to). Batches go in (created_at, id) order: $5/$6 the last row of the batch before (NULL
+-- for the first), $7 the batch size. Returns the rows it requeued, in that order.
+WITH batch AS (
+    SELECT outbox_message_id
+    FROM outbox_messages
+    WHERE status = 'Failed'
+      AND ($1::uuid[] IS NULL OR outbox_message_id = ANY ($1::uuid[]))
+      AND ($2::text IS NULL OR event_type = $2::text)
+      AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)
+      AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
+      AND ($5::timestamptz IS NULL OR (created_at, outbox_message_id) > ($5, $6::uuid))
+    ORDER BY created_at, outbox_message_id
+    LIMIT $7
+    FOR UPDATE
+)
+UPDATE outbox_messages AS m
 SET status = 'Pending',
     next_attempt_at = now(),
     attempt_count = 0,
     lease_expires_at = NULL,
     processed_at = NULL
-WHERE status = 'Failed'
-  AND ($1::uuid[] IS NULL OR outbox_message_id = ANY ($1::uuid[]))
-  AND ($2::text IS NULL OR event_type = $2::text)
-  AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)
-  AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
-RETURNING outbox_message_id;
+FROM batch
+WHERE m.outbox_message_id = batch.outbox_message_id
+RETURNING m.outbox_message_id, m.created_at;
 
 -- count_failed --
--- What requeue_failed would touch, without touching it (the dry run); same parameters
-SELECT outbox_message_id
-FROM outbox_messages
-WHERE status = 'Failed'
-  AND ($1::uuid[] IS NULL OR outbox_message_id = ANY ($1::uuid[]))
-  AND ($2::text IS NULL OR event_type = $2::text)
-  AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)
-  AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz);
+-- What requeue_failed would touch, without touching it (the dry run): how many, and the first
+-- $5 of their ids; $1…$4 as in requeue_failed
+WITH matching AS (
+    SELECT outbox_message_id, created_at
+    FROM outbox_messages
+    WHERE status = 'Failed'
+      AND ($1::uuid[] IS NULL OR outbox_message_id = ANY ($1::uuid[]))
+      AND ($2::text IS NULL OR event_type = $2::text)
+      AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)
+      AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
+)
+SELECT (SELECT count(*) FROM matching) AS total,
+       ARRAY(SELECT outbox_message_id FROM matching
+             ORDER BY created_at, outbox_message_id LIMIT $5) AS first_ids;
 
 -- purge_processed --
 -- Delete one bounded batch of Processed rows finished more than $1 days ago ($2 rows at most);
