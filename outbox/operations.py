@@ -6,6 +6,7 @@ Shared by the CLI (``python -m outbox status | requeue | purge | show``) and the
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -16,6 +17,8 @@ from outbox.errors import OutboxError
 from outbox.models import Status
 
 MAX_LISTED_IDS = 1000
+# A host clock further off the database's than this is reported by status.
+MAX_CLOCK_OFFSET_SECONDS = 60.0
 
 
 class InvalidRequestError(OutboxError, ValueError):
@@ -31,6 +34,10 @@ class BacklogStatus:
     oldest_unpublished_age_seconds: float | None
     oldest_failed_age_seconds: float | None
     expired_leases: int
+    # Pending messages parked behind an earlier message of their ordering key.
+    held_back: int
+    # This host's clock minus the database's, in seconds.
+    clock_offset_seconds: float
     alert_threshold_seconds: float
     healthy: bool
     problems: list[str] = field(default_factory=list)
@@ -46,7 +53,9 @@ async def backlog_status(conn: store.Connection, threshold_seconds: float) -> Ba
     (Pending or Processing, due or backing off). Failed rows are counted, not alerted on: with
     ordering keys held by a Failed row, the rows held back age and trip the alert anyway.
     """
+    sent = time.time()
     row = await store.backlog_status(conn)
+    offset = (sent + time.time()) / 2 - row["database_now"]
     oldest = row["oldest_unpublished_age_seconds"]
     problems = []
     if oldest is not None and oldest > threshold_seconds:
@@ -54,12 +63,20 @@ async def backlog_status(conn: store.Connection, threshold_seconds: float) -> Ba
             f"oldest unpublished message is {oldest:.0f}s old "
             f"(threshold {threshold_seconds:g}s): is the relay running, is a receiver failing?"
         )
+    if abs(offset) > MAX_CLOCK_OFFSET_SECONDS:
+        problems.append(
+            f"this host's clock is {abs(offset):.0f}s {'ahead of' if offset > 0 else 'behind'} "
+            "the database's: signatures carry the database's time, but check the host's time "
+            "synchronisation (NTP)"
+        )
     return BacklogStatus(
         counts={str(s): row[str(s).lower()] for s in Status},
         oldest_due_pending_age_seconds=_rounded(row["oldest_due_pending_age_seconds"]),
         oldest_unpublished_age_seconds=_rounded(oldest),
         oldest_failed_age_seconds=_rounded(row["oldest_failed_age_seconds"]),
         expired_leases=row["expired_leases"],
+        held_back=row["held_back"],
+        clock_offset_seconds=round(offset, 1),
         alert_threshold_seconds=threshold_seconds,
         healthy=not problems,
         problems=problems,

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from outbox import store
+from outbox.clock import DatabaseClock
 from outbox.errors import describe
 from outbox.logs import log_event
 from outbox.models import (
@@ -186,10 +187,13 @@ class OutboxProcessor:
         settings: Settings,
         *,
         redact: Redactor | None = None,
+        clock: DatabaseClock | None = None,
     ) -> None:
         self._pool = pool
         self._deliver = deliver
         self._settings = settings
+        # Set at each lease, read by the publisher (webhook-timestamp) and for Retry-After dates.
+        self.clock = clock or DatabaseClock()
         self._redact = redact or Redactor.from_settings(settings)
         self._slots = asyncio.Semaphore(settings.concurrency)
         self._admission = _Admission(settings.concurrency)
@@ -303,6 +307,7 @@ class OutboxProcessor:
         """Lease up to ``size`` messages, counted as waiting from before the statement is sent."""
         self._admission.reserve(size)
         leased = 0
+        sent = time.time()
         try:
             lease = await store.lease_batch(
                 self._pool,
@@ -312,6 +317,8 @@ class OutboxProcessor:
                 max_payload_bytes=self._settings.max_payload_bytes,
             )
             leased = len(lease.messages)
+            if lease.database_now is not None:
+                self.clock.observe(lease.database_now, sent, time.time())
             return lease
         finally:
             self._admission.release(size - leased)
@@ -372,7 +379,7 @@ class OutboxProcessor:
             batch.closed = True
             for index in range(len(batch.messages)):
                 self._admission.leave(batch, index)
-            now = datetime.now(UTC)
+            now = self.clock.now()  # a Retry-After date is the receiver's idea of this time
             records = [self._outcome(batch, index, now) for index in range(len(batch.messages))]
             if batch.run.until_caught_up:  # only such a run asks what comes due
                 _note_what_comes_due(batch.run, records)

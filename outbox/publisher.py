@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import aiohttp
 from aiohttp.client_reqrep import ClientRequest
@@ -75,9 +75,12 @@ def json_string(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
-def build_headers(signer: Signer, message_id: str, body: bytes) -> dict[str, str]:
-    """The Standard Webhooks headers, signed by ``signer`` (no keys: unsigned)."""
-    timestamp = int(time.time())
+def build_headers(
+    signer: Signer, message_id: str, body: bytes, now: float | None = None
+) -> dict[str, str]:
+    """The Standard Webhooks headers, signed by ``signer`` (no keys: unsigned), for the time
+    ``now`` (seconds since the epoch; by default this process's clock)."""
+    timestamp = int(time.time() if now is None else now)
     headers = {
         "content-type": "application/json",
         "webhook-id": message_id,
@@ -103,8 +106,10 @@ class Publisher(Closeable):
         timeout_seconds: float,
         max_payload_bytes: int,
         redact: Redactor,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._webhooks = webhooks
+        self._clock = clock
         self._sessions = sessions
         # Prepared once: the secrets do not change while the process runs.
         self._signers = {event_type: Signer(e.signing_keys) for event_type, e in webhooks.items()}
@@ -113,14 +118,16 @@ class Publisher(Closeable):
         self._redact = redact
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Publisher:
-        """A publisher with a session of its own per endpoint (call inside the event loop)."""
+    def from_settings(cls, settings: Settings, clock: Callable[[], float] = time.time) -> Publisher:
+        """A publisher with a session of its own per endpoint (call inside the event loop);
+        ``clock`` gives the time its signatures carry (the database's, for the relay)."""
         return cls(
             settings.webhooks,
             {event_type: make_session(settings) for event_type in settings.webhooks},
             timeout_seconds=settings.http_timeout_seconds,
             max_payload_bytes=settings.max_payload_bytes,
             redact=Redactor.from_settings(settings),
+            clock=clock,
         )
 
     async def close(self) -> None:
@@ -149,7 +156,8 @@ class Publisher(Closeable):
             return payload
         endpoint = self._webhooks[message.event_type]
         body = build_body(message, payload)
-        headers = build_headers(self._signers[message.event_type], str(message.message_id), body)
+        signer = self._signers[message.event_type]
+        headers = build_headers(signer, str(message.message_id), body, self._clock())
         try:
             return await self._post(self._sessions[message.event_type], endpoint.url, body, headers)
         except TimeoutError:

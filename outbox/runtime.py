@@ -11,6 +11,7 @@ from typing import Self
 
 import asyncpg
 
+from outbox.clock import DatabaseClock
 from outbox.processor import OutboxProcessor
 from outbox.publisher import Publisher
 from outbox.resources import Closeable
@@ -35,17 +36,20 @@ async def create_pool(settings: Settings) -> Connection:
 class Relay(Closeable):
     """A processor with its own pool and HTTP sessions; close it when done."""
 
-    def __init__(self, settings: Settings, pool: Connection, publisher: Publisher) -> None:
+    def __init__(
+        self, settings: Settings, pool: Connection, publisher: Publisher, clock: DatabaseClock
+    ) -> None:
         self.settings = settings
         self.pool = pool
         self.publisher = publisher
         self.loop = asyncio.get_running_loop()
-        self.processor = OutboxProcessor(pool, publisher.deliver, settings)
+        self.processor = OutboxProcessor(pool, publisher.deliver, settings, clock=clock)
 
     @classmethod
     async def open(cls, settings: Settings) -> Self:
         pool = await create_pool(settings)
-        return cls(settings, pool, Publisher.from_settings(settings))
+        clock = DatabaseClock()  # set by the processor's leases, read by the signatures
+        return cls(settings, pool, Publisher.from_settings(settings, clock.time), clock)
 
     async def close(self) -> None:
         await self.publisher.close()

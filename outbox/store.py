@@ -51,6 +51,8 @@ class Lease(NamedTuple):
 
     messages: list[LeasedMessage]
     parked: int = 0
+    # The database's clock when it leased them (seconds since the epoch), if it leased any.
+    database_now: float | None = None
 
     @property
     def taken(self) -> int:
@@ -75,7 +77,7 @@ async def lease_batch(
         QUERIES["lease_batch"], batch_size, lease_seconds, hold_on_failure, max_payload_bytes
     )
     leased = [LeasedMessage.from_row(row) for row in rows if row["lease_token"] is not None]
-    return Lease(leased, len(rows) - len(leased))
+    return Lease(leased, len(rows) - len(leased), rows[0]["database_now"] if rows else None)
 
 
 async def release_held(conn: Connection, *, hold_on_failure: bool = True) -> int:

@@ -86,7 +86,8 @@ leased AS (
 SELECT due.outbox_message_id, leased.event_type,
        CASE WHEN octet_length(leased.payload_text) <= $4 THEN leased.payload_text END AS payload,
        octet_length(leased.payload_text) AS payload_bytes,
-       leased.attempt_count, leased.lease_token, leased.created_at, leased.ordering_key
+       leased.attempt_count, leased.lease_token, leased.created_at, leased.ordering_key,
+       extract(epoch FROM now())::float8 AS database_now
 FROM due
 LEFT JOIN leased ON leased.outbox_message_id = due.outbox_message_id
 LEFT JOIN parked ON parked.outbox_message_id = due.outbox_message_id
@@ -261,7 +262,11 @@ SELECT
     (SELECT count(*)
        FROM outbox_messages
       WHERE status = 'Processing'
-        AND (lease_expires_at IS NULL OR lease_expires_at <= now())) AS expired_leases;
+        AND (lease_expires_at IS NULL OR lease_expires_at <= now())) AS expired_leases,
+    (SELECT count(*)
+       FROM outbox_messages
+      WHERE next_attempt_at = 'infinity' AND ordering_key IS NOT NULL) AS held_back,
+    extract(epoch FROM clock_timestamp())::float8 AS database_now;
 
 -- requeue_failed --
 -- Put one batch of Failed rows back to Pending, due now, with a fresh attempt budget; history

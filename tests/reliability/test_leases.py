@@ -4,9 +4,11 @@ clocks are wrong. Every lease time comes from the database's ``now()``."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import time
+from email.utils import formatdate
 from typing import Any
 
 import pytest
@@ -75,9 +77,12 @@ def test_lease_and_outcome_statements_take_durations_never_timestamps() -> None:
 async def test_leases_follow_the_database_clock_whatever_the_worker_clock_says(
     db: Any, database_url: str, receiver: Receiver, skew: int
 ) -> None:
-    [due, expired, held, failing] = await seed(db, 4)
+    [due, expired, held, failing, dated] = await seed(db, 5)
     await db.execute(
         "UPDATE outbox_messages SET event_type = 'Flaky' WHERE outbox_message_id = $1", failing
+    )
+    await db.execute(
+        "UPDATE outbox_messages SET event_type = 'Dated' WHERE outbox_message_id = $1", dated
     )
     # A dead worker's lease that ran out a second ago, and a live worker's lease for a minute.
     await db.execute(
@@ -94,9 +99,13 @@ async def test_leases_follow_the_database_clock_whatever_the_worker_clock_says(
     )
     held_before = await _lease(db, held)
     receiver.script("/flaky", then=Reply(503))
+    # A Retry-After date two minutes ahead by the receiver's (and the database's) clock.
+    in_two_minutes = formatdate(time.time() + 120, usegmt=True)
+    receiver.script("/dated", then=Reply(503, headers={"Retry-After": in_two_minutes}))
     webhooks = {
         "OrderCompleted": {"url": receiver.url("/orders"), "secret": SECRET},
         "Flaky": {"url": receiver.url("/flaky")},
+        "Dated": {"url": receiver.url("/dated")},
     }
     result = await run_relay(
         relay_env(database_url, webhooks, lease_seconds=30, http_timeout_seconds=5),
@@ -108,9 +117,12 @@ async def test_leases_follow_the_database_clock_whatever_the_worker_clock_says(
     )
 
     assert result.returncode == 0, result.stderr
-    # The worker's clock really was off: the one value it contributes is the signature timestamp.
+    # The worker's clock really was off: the attempt history, which is for reading, shows it.
+    started = await db.fetch("SELECT started_at FROM outbox_attempts")
+    assert all(abs(r["started_at"].timestamp() - (time.time() + skew)) < 60 for r in started)
+    # The signatures carry the database's time, or every receiver would reject them.
     stamps = [int(r.headers["webhook-timestamp"]) for r in receiver.requests]
-    assert all(abs(stamp - (time.time() + skew)) < 60 for stamp in stamps)
+    assert all(abs(stamp - time.time()) < 60 for stamp in stamps)
     # Whatever that clock said, the database decided what was due and what was still leased.
     assert sorted(r.webhook_id for r in receiver.to("/orders")) == sorted(map(str, [due, expired]))
     assert await _lease(db, held) == held_before  # untouched
@@ -122,6 +134,8 @@ async def test_leases_follow_the_database_clock_whatever_the_worker_clock_says(
     retried = await row(db, failing)
     assert retried["status"] == "Pending"
     assert 0 < retried["due_in"] <= 10.0  # the first backoff step, from the database's now()
+    # The date is read against the database's clock too: two minutes, not 0 s or 62 minutes.
+    assert 110 <= (await row(db, dated))["due_in"] <= 121
 
 
 async def _lease(db: Any, message_id: Any) -> tuple[Any, ...]:
@@ -161,3 +175,23 @@ async def test_many_runs_at_once_in_one_process_do_not_lease_and_give_back_in_ci
     # Given back only what a run's budget caught waiting, not its whole lease over and over.
     assert released <= messages // 2, (released, leased)
     assert leased == messages + released
+
+
+async def test_status_reports_a_host_clock_far_off_the_database_s(
+    database_url: str, webhooks: dict[str, Any]
+) -> None:
+    result = await run_relay(
+        relay_env(database_url, webhooks),
+        "--clock-skew",
+        "-300",
+        "--",
+        "status",
+        module="tests.support.instrumented_relay",
+    )
+    assert result.returncode == 1  # unhealthy
+    status = json.loads(result.stdout.strip().splitlines()[-1])
+    assert -310 < status["clock_offset_seconds"] < -290
+    assert status["problems"] == [
+        "this host's clock is 300s behind the database's: signatures carry the database's time, "
+        "but check the host's time synchronisation (NTP)"
+    ]
