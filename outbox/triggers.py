@@ -70,8 +70,9 @@ async def on_hint(
 ) -> DrainSummary:
     """Queue trigger: the message only says "rows may be waiting"; its content is never trusted.
 
-    Whatever the message holds (JSON, garbage, nothing), the invocation drains and succeeds, so
-    hints never pile up in the poison queue. Database errors are logged; the timer sweeps later.
+    Whatever the decoded message holds (JSON, garbage, nothing), the invocation drains and
+    succeeds. (A message that is not base64 never gets here: the host cannot decode it, and
+    retries it into the poison queue.) Database errors are logged; the timer sweeps later.
     The drain ends once it has caught up, so the next hint is taken soon even under steady load.
     """
     logger.info(
