@@ -1,0 +1,95 @@
+"""Relay processes racing over ordering keys whose messages fail, back off and are requeued:
+parking and letting go never strand a message, and each key's order holds."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+import asyncpg
+import pytest
+
+import outbox
+from outbox import operations
+from tests.support.outbox_helpers import statuses
+from tests.support.receiver import Received, Receiver, Reply
+from tests.support.relay_process import RelayProcess, relay_env
+
+KEYS = 40
+PER_KEY = 15
+UNKEYED = 100
+RELAYS = 3
+TOTAL = KEYS * PER_KEY + UNKEYED
+
+
+class FlakyFirstAttempts:
+    """Answers first attempts badly: every fifth message backs off a second, some fail for good
+    (410, which holds the key until requeued); later attempts succeed. It notes any message of
+    a key sent before every earlier one of that key was accepted."""
+
+    def __init__(self) -> None:
+        self.attempts: dict[str, int] = defaultdict(int)
+        self.accepted: dict[Any, set[int]] = defaultdict(set)
+        self.out_of_order: list[tuple[Any, int]] = []
+
+    def __call__(self, request: Received) -> Reply:
+        self.attempts[request.webhook_id] += 1
+        first = self.attempts[request.webhook_id] == 1
+        key, n = request.json["data"]["key"], request.json["data"]["n"]
+        if key is not None and not self.accepted[key] >= set(range(n)):
+            self.out_of_order.append((key, n))
+        if first and n % 5 == 0:
+            return Reply(503, headers={"Retry-After": "1"})
+        if first and n % 7 == 3:
+            return Reply(410)
+        if key is not None:
+            self.accepted[key].add(n)
+        return Reply(200)
+
+
+async def enqueue_all(db: Any) -> None:
+    async with db.transaction():
+        for n in range(PER_KEY):
+            for k in range(KEYS):
+                payload = {"key": k, "n": n}
+                await outbox.enqueue(db, "OrderCompleted", payload, ordering_key=f"order-{k}")
+        for n in range(UNKEYED):
+            await outbox.enqueue(db, "OrderCompleted", {"key": None, "n": n})
+
+
+async def delivered_all(pool: Any) -> bool:
+    return (await statuses(pool)).get("Processed", 0) == TOTAL
+
+
+@pytest.mark.slow
+async def test_racing_relays_keep_each_key_in_order_and_strand_nothing_behind_held_keys(
+    db: Any, database_url: str, receiver: Receiver, webhooks: dict[str, Any]
+) -> None:
+    await enqueue_all(db)
+    answers = receiver.responder = FlakyFirstAttempts()
+    env = relay_env(database_url, webhooks, batch_size=20, concurrency=8)
+    pool = await asyncpg.create_pool(database_url, min_size=0, max_size=4)
+
+    async def keep_draining() -> None:
+        while not await delivered_all(pool):
+            assert (await (await RelayProcess(env).start()).wait()).returncode == 0
+
+    async def keep_requeuing() -> None:
+        while not await delivered_all(pool):
+            everything = operations.RequeueFilter(all_failed=True)
+            await operations.requeue(pool, everything, dry_run=False)
+            await asyncio.sleep(0.3)
+
+    try:
+        racing = [keep_requeuing(), *(keep_draining() for _ in range(RELAYS))]
+        await asyncio.wait_for(asyncio.gather(*racing), 240)
+    finally:
+        await pool.close()
+    assert await statuses(db) == {"Processed": TOTAL}
+    parked = "SELECT count(*) FROM outbox_messages WHERE next_attempt_at = 'infinity'"
+    assert await db.fetchval(parked) == 0
+    assert answers.out_of_order == []
+    assert all(answers.accepted[key] == set(range(PER_KEY)) for key in range(KEYS))
+    # The failures really happened: many messages took more than one attempt.
+    assert sum(count > 1 for count in answers.attempts.values()) > KEYS * PER_KEY // 5
