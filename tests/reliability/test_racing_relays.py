@@ -32,7 +32,7 @@ async def test_four_racing_relay_processes_deliver_10000_messages_exactly_once(
         batch_size=100,
         concurrency=CONCURRENCY,
         lease_seconds=120,  # no lease may expire mid-run, or a duplicate would be legitimate
-        http_timeout_seconds=60,
+        http_timeout_seconds=50,
         db_pool_size=3,
     )
     relays = [await RelayProcess(env).start() for _ in range(RELAYS)]
