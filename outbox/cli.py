@@ -18,14 +18,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import asyncpg
-
-from outbox import operations
+from outbox import operations, store
 from outbox.console import configure_cli, configure_console, help_text
-from outbox.errors import ConfigurationError, InvalidMessageError, OutboxError, describe
+from outbox.errors import (
+    BadRequestError,
+    ConfigurationError,
+    DatabaseError,
+    InvalidMessageError,
+    OutboxError,
+)
 from outbox.local import load_run_env
 from outbox.migrate import migrate
-from outbox.processor import DATABASE_ERRORS
 from outbox.producer import enqueue, notify
 from outbox.redact import Redactor
 from outbox.runtime import Relay
@@ -152,8 +155,8 @@ async def run_requeue(conn: Any, settings: Settings, args: argparse.Namespace) -
     )
     try:
         wanted.check()
-    except operations.InvalidRequestError as exc:
-        raise operations.InvalidRequestError(as_flags(str(exc))) from None
+    except BadRequestError as exc:
+        raise BadRequestError(as_flags(str(exc))) from None
     emit((await operations.requeue(conn, wanted, dry_run=args.dry_run)).as_dict())
     return EXIT_OK
 
@@ -209,9 +212,12 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
         return await run_drain(settings, args)
     if args.command == "serve":
         return await run_serve(settings, args)
-    conn = await asyncpg.connect(settings.database_url.get_secret_value())
+    conn = await store.connect(settings.database_url.get_secret_value())
     try:
-        return await CONNECTION_COMMANDS[args.command](conn, settings, args)
+        # enqueue's transaction is the caller's own, outside the store's boundary: this one
+        # keeps its driver errors from reaching the user as a traceback.
+        command = store.database_boundary(CONNECTION_COMMANDS[args.command])
+        return await command(conn, settings, args)
     finally:
         await conn.close()
 
@@ -230,13 +236,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CONFIG
     try:
         return asyncio.run(run(settings, args))
-    except (operations.InvalidRequestError, InvalidMessageError, ConfigurationError) as exc:
+    except (BadRequestError, InvalidMessageError, ConfigurationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
+    except DatabaseError as exc:
+        redact = Redactor.from_settings(settings)
+        print(f"error: database: {redact(str(exc))}", file=sys.stderr)
+        return EXIT_FAILED
     except OutboxError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
-    except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
-        redact = Redactor.from_settings(settings)
-        print(f"error: database: {redact(describe(exc))}", file=sys.stderr)
         return EXIT_FAILED

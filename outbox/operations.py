@@ -13,16 +13,12 @@ from typing import Any
 from uuid import UUID
 
 from outbox import store
-from outbox.errors import OutboxError
+from outbox.errors import BadRequestError
 from outbox.models import Status
 
 MAX_LISTED_IDS = 1000
 # A host clock further off the database's than this is reported by status.
 MAX_CLOCK_OFFSET_SECONDS = 60.0
-
-
-class InvalidRequestError(OutboxError, ValueError):
-    """An operation was asked for with arguments that do not make sense together."""
 
 
 @dataclass(slots=True)
@@ -99,7 +95,7 @@ class RequeueFilter:
             for value in (self.message_ids, self.event_type, self.created_from, self.created_to)
         )
         if narrowed == self.all_failed:
-            raise InvalidRequestError(
+            raise BadRequestError(
                 "say which Failed messages to requeue: message ids, an event type and/or a "
                 "created_at range, or all_failed (but not both)"
             )
@@ -113,25 +109,25 @@ class RequeueFilter:
             if value is None:
                 continue
             if value.tzinfo is None:
-                raise InvalidRequestError("times need a UTC offset, e.g. 2026-01-02T00:00:00Z")
+                raise BadRequestError("times need a UTC offset, e.g. 2026-01-02T00:00:00Z")
             try:
                 value.astimezone(UTC)  # what the driver sends; it must stay a valid datetime
             except OverflowError:
-                raise InvalidRequestError(
+                raise BadRequestError(
                     f"{name} is out of range: in UTC it must fall within the years 1 to 9999"
                 ) from None
         if self.created_from and self.created_to and self.created_from >= self.created_to:
-            raise InvalidRequestError("created_from must be earlier than created_to")
+            raise BadRequestError("created_from must be earlier than created_to")
 
 
 def _check_text(value: str, name: str) -> None:
     """Refuse, as a bad request rather than a database error, text PostgreSQL cannot hold."""
     if "\x00" in value:
-        raise InvalidRequestError(f"{name} contains a NUL character (\\u0000)")
+        raise BadRequestError(f"{name} contains a NUL character (\\u0000)")
     try:
         value.encode()
     except UnicodeEncodeError:
-        raise InvalidRequestError(
+        raise BadRequestError(
             f"{name} is not valid UTF-8 text (it holds a lone surrogate)"
         ) from None
 

@@ -18,11 +18,9 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-import asyncpg
-
 from outbox import store
 from outbox.clock import DatabaseClock
-from outbox.errors import describe
+from outbox.errors import DatabaseError, describe
 from outbox.logs import log_event
 from outbox.models import (
     Attempt,
@@ -62,18 +60,6 @@ MAX_ROOM_WAIT_SECONDS = 0.5
 NOT_SENT = "run interrupted before this message was sent"
 # Outcome writes are retried this often (the pool replaces a dropped connection in between).
 RECORD_RETRY_DELAYS = (0.2, 1.0, 3.0)
-DATABASE_ERRORS: tuple[type[BaseException], ...] = (
-    OSError,
-    asyncpg.InterfaceError,
-    # A statement sent on a connection the server has just closed, after asyncpg read the
-    # server's termination notice but before it saw the end of the stream: the connection is
-    # gone, another one will do.
-    asyncpg.InternalClientError,
-    asyncpg.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,
-    asyncpg.exceptions.InsufficientResourcesError,
-)
-
 Deliver = Callable[[LeasedMessage], Awaitable[DeliveryResult]]
 
 
@@ -235,7 +221,7 @@ class OutboxProcessor:
                 # A sweep or a drain by hand: also let go what a change by hand left parked.
                 await store.release_held(self._pool, hold_on_failure=self._hold)
             await self._drain(run, batches, work)
-        except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
+        except DatabaseError as exc:
             self._report_database_error(summary, exc)
         except asyncio.CancelledError:
             # Interrupt the deliveries; each batch still records what it has (shielded).
@@ -470,7 +456,7 @@ class OutboxProcessor:
 
         try:
             written = await retry_database(write)
-        except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
+        except DatabaseError as exc:
             # The rows stay Processing; once their lease expires they are delivered again.
             summary.unrecorded += len(records)
             self._report_database_error(summary, exc)
@@ -514,8 +500,8 @@ class OutboxProcessor:
                     logger.error("outbox batch failed: %s", text)
             tasks.difference_update(snapshot)
 
-    def _report_database_error(self, summary: DrainSummary, exc: BaseException) -> None:
-        self._report_error(summary, f"database error: {describe(exc)}")
+    def _report_database_error(self, summary: DrainSummary, exc: DatabaseError) -> None:
+        self._report_error(summary, f"database error: {exc}")
 
     def _report_error(self, summary: DrainSummary, text: str) -> None:
         summary.stopped_by = "error"
@@ -566,14 +552,14 @@ def log_outcome(record: Recorded, *, applied: bool) -> None:
 
 
 async def retry_database(operation: Callable[[], Awaitable[T]]) -> T:
-    """Run ``operation``, retrying after connection-level failures (a new connection may work)."""
+    """Run ``operation``, retrying after transient database errors (a new connection may work)."""
     for delay in RECORD_RETRY_DELAYS:
         try:
             return await operation()
-        except DATABASE_ERRORS as exc:
-            logger.warning(
-                "database write failed (%s); retrying in %.1fs", type(exc).__name__, delay
-            )
+        except DatabaseError as exc:
+            if not exc.transient:
+                raise
+            logger.warning("database write failed (%s); retrying in %.1fs", exc.kind, delay)
             await asyncio.sleep(delay)
     return await operation()
 

@@ -9,35 +9,19 @@ from __future__ import annotations
 import asyncio
 from typing import Self
 
-import asyncpg
-
+from outbox import store
 from outbox.clock import DatabaseClock
 from outbox.processor import OutboxProcessor
 from outbox.publisher import Publisher
 from outbox.resources import Closeable
 from outbox.settings import Settings
-from outbox.store import Connection
-
-
-async def create_pool(settings: Settings) -> Connection:
-    """A small asyncpg pool: one run holds at most four connections (a lease, outcome writes).
-
-    It connects on first use, not here, so an unreachable database surfaces as a run's error.
-    """
-    return await asyncpg.create_pool(
-        settings.database_url.get_secret_value(),
-        min_size=0,
-        max_size=settings.db_pool_size,
-        max_inactive_connection_lifetime=60,
-        command_timeout=30,
-    )
 
 
 class Relay(Closeable):
     """A processor with its own pool and HTTP sessions; close it when done."""
 
     def __init__(
-        self, settings: Settings, pool: Connection, publisher: Publisher, clock: DatabaseClock
+        self, settings: Settings, pool: store.Connection, publisher: Publisher, clock: DatabaseClock
     ) -> None:
         self.settings = settings
         self.pool = pool
@@ -47,7 +31,7 @@ class Relay(Closeable):
 
     @classmethod
     async def open(cls, settings: Settings) -> Self:
-        pool = await create_pool(settings)
+        pool = await store.create_pool(settings)
         clock = DatabaseClock()  # set by the processor's leases, read by the signatures
         return cls(settings, pool, Publisher.from_settings(settings, clock.time), clock)
 

@@ -1,22 +1,65 @@
-"""The only module that speaks SQL. Statements live in ``sql/queries.sql`` under a name each."""
+"""The only module that speaks SQL, and the only one that knows the driver (asyncpg).
+
+Statements live in ``sql/queries.sql`` under a name each. Every function the relay calls turns
+the driver's errors into one ``DatabaseError`` (transient or not) at this boundary; the
+producer's ``insert_message`` does not: it runs in the caller's transaction, whose driver
+errors are the caller's own.
+"""
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 from importlib.resources import files
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 from uuid import UUID
 
 import asyncpg
 
+from outbox.errors import DatabaseError, describe
 from outbox.models import LeasedMessage, Recorded
 from outbox.outcomes import attempt_facts
-from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES
+from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES, Settings
 
 # asyncpg ships no type information; a connection or a pool both offer fetch/execute.
 Connection = Any
+P = ParamSpec("P")
+T = TypeVar("T")
+
+# Errors after which another connection may well succeed: the server is unreachable, the
+# connection was lost, the server is shutting down or out of resources.
+TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
+    OSError,  # TimeoutError too
+    asyncpg.InterfaceError,
+    # A statement sent on a connection the server has just closed, after asyncpg read the
+    # server's termination notice but before it saw the end of the stream: the connection is
+    # gone, another one will do.
+    asyncpg.InternalClientError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.exceptions.OperatorInterventionError,
+    asyncpg.exceptions.InsufficientResourcesError,
+)
+
+
+def database_boundary(
+    operation: Callable[P, Awaitable[T]],
+) -> Callable[P, Coroutine[Any, Any, T]]:
+    """Raise every driver error of ``operation`` as a ``DatabaseError``."""
+
+    @functools.wraps(operation)
+    async def guarded(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await operation(*args, **kwargs)
+        except TRANSIENT_ERRORS as exc:
+            raise DatabaseError(describe(exc), transient=True, kind=type(exc).__name__) from exc
+        except asyncpg.PostgresError as exc:
+            raise DatabaseError(describe(exc), transient=False, kind=type(exc).__name__) from exc
+
+    return guarded
+
 
 _ENTRY = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
 
@@ -28,6 +71,46 @@ def load_queries(text: str) -> dict[str, str]:
 
 
 QUERIES = load_queries(files("outbox").joinpath("sql/queries.sql").read_text(encoding="utf-8"))
+# A statement that runs longer than this fails (TimeoutError) rather than hold a run for ever.
+COMMAND_TIMEOUT_SECONDS = 30
+
+
+@database_boundary
+async def create_pool(settings: Settings) -> Connection:
+    """A small pool: one run holds at most four connections (a lease, outcome writes).
+
+    It connects on first use, not here, so an unreachable database surfaces as a run's error.
+    """
+    return await asyncpg.create_pool(
+        settings.database_url.get_secret_value(),
+        min_size=0,
+        max_size=settings.db_pool_size,
+        max_inactive_connection_lifetime=60,
+        command_timeout=COMMAND_TIMEOUT_SECONDS,
+    )
+
+
+@database_boundary
+async def connect(url: str) -> Connection:
+    """One connection (the commands', and migrations')."""
+    return await asyncpg.connect(url, command_timeout=COMMAND_TIMEOUT_SECONDS)
+
+
+@database_boundary
+async def ensure_database(admin_url: str, name: str) -> None:
+    """Create database ``name`` on the server of ``admin_url`` unless it exists."""
+    conn = await asyncpg.connect(admin_url)
+    try:
+        if not await conn.fetchval(QUERIES["database_exists"], name):
+            await conn.execute(f'CREATE DATABASE "{_identifier(name)}"')
+    finally:
+        await conn.close()
+
+
+def _identifier(name: str) -> str:
+    if not re.fullmatch(r"[a-z_][a-z0-9_]{0,62}", name):
+        raise ValueError(f"not a plain database name: {name!r}")
+    return name
 
 
 async def insert_message(
@@ -59,6 +142,7 @@ class Lease(NamedTuple):
         return len(self.messages) + self.parked
 
 
+@database_boundary
 async def lease_batch(
     conn: Connection,
     batch_size: int,
@@ -80,6 +164,7 @@ async def lease_batch(
     return Lease(leased, len(rows) - len(leased), rows[0]["database_now"] if rows else None)
 
 
+@database_boundary
 async def release_held(conn: Connection, *, hold_on_failure: bool = True) -> int:
     """Make due again the parked messages whose wait is over though nothing let them go (the
     message before them was deleted or changed by hand); returns how many."""
@@ -95,6 +180,7 @@ class Written(NamedTuple):
     lets_next_go: bool = False
 
 
+@database_boundary
 async def record_outcomes(
     conn: Connection,
     records: Sequence[Recorded],
@@ -181,6 +267,7 @@ def _outcome_row(record: Recorded) -> OutcomeRow:
     )
 
 
+@database_boundary
 async def backlog_status(conn: Connection) -> dict[str, Any]:
     """Counts by status, the oldest due / unpublished / failed ages, and expired leases."""
     return dict(await conn.fetchrow(QUERIES["backlog_status"]))
@@ -193,6 +280,7 @@ class Requeued(NamedTuple):
     first_ids: list[UUID]
 
 
+@database_boundary
 async def requeue_failed(
     conn: Connection,
     message_ids: Sequence[UUID] | None,
@@ -225,6 +313,7 @@ async def requeue_failed(
         after = (rows[-1]["created_at"], rows[-1]["outbox_message_id"])
 
 
+@database_boundary
 async def purge_batch(conn: Connection, status: str, older_than_days: int, limit: int) -> int:
     """Delete one bounded batch of old Processed or Failed rows; returns how many went."""
     query = QUERIES["purge_processed" if status == "Processed" else "purge_failed"]
@@ -232,10 +321,42 @@ async def purge_batch(conn: Connection, status: str, older_than_days: int, limit
     return int(result.split()[-1])
 
 
+@database_boundary
 async def fetch_message(conn: Connection, message_id: UUID) -> dict[str, Any] | None:
     row = await conn.fetchrow(QUERIES["show_message"], message_id)
     return dict(row) if row is not None else None
 
 
+@database_boundary
 async def fetch_attempts(conn: Connection, message_id: UUID) -> list[dict[str, Any]]:
     return [dict(row) for row in await conn.fetch(QUERIES["show_attempts"], message_id)]
+
+
+@asynccontextmanager
+async def migration_lock(conn: Connection) -> AsyncIterator[None]:
+    """Serialise migrators (a session-level advisory lock), with the bookkeeping table made."""
+    await _execute(conn, QUERIES["lock_migrations"])
+    try:
+        await _execute(conn, QUERIES["create_migrations_table"])
+        yield
+    finally:
+        await _execute(conn, QUERIES["unlock_migrations"])
+
+
+@database_boundary
+async def applied_migrations(conn: Connection) -> dict[str, str]:
+    """The migrations applied so far, with the checksum each had."""
+    return {row["name"]: row["checksum"] for row in await conn.fetch(QUERIES["applied_migrations"])}
+
+
+@database_boundary
+async def apply_migration(conn: Connection, name: str, sql: str, checksum: str) -> None:
+    """Run one migration and record it, in one transaction."""
+    async with conn.transaction():
+        await conn.execute(sql)
+        await conn.execute(QUERIES["record_migration"], name, checksum)
+
+
+@database_boundary
+async def _execute(conn: Connection, statement: str) -> None:
+    await conn.execute(statement)

@@ -15,13 +15,10 @@ from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Any, ParamSpec
 
-import asyncpg
-
 from outbox import operations
-from outbox.errors import OutboxError
+from outbox.errors import BadRequestError, DatabaseError, DrainFailedError, OutboxError
 from outbox.logs import log_event
 from outbox.models import DrainSummary
-from outbox.processor import DATABASE_ERRORS
 from outbox.runtime import shared_relay
 from outbox.wakeup import notify_once
 
@@ -36,14 +33,6 @@ HTTP_PARAMETERS = frozenset({"budget_seconds", "code"})  # `code` carries the fu
 MAX_LOGGED_HINT_CHARS = 200
 MISCONFIGURED = "the relay is misconfigured; see the function logs"
 DATABASE_DOWN = "database error; see the function logs"
-
-
-class DrainFailedError(OutboxError):
-    """A scheduled drain hit a database error (raised so the invocation shows as failed)."""
-
-
-class BadRequestError(OutboxError, ValueError):
-    """An HTTP endpoint was called with parameters it does not accept."""
 
 
 async def drain(
@@ -111,13 +100,13 @@ def http_endpoint(
         async def guarded(*args: P.args, **kwargs: P.kwargs) -> HttpResult:
             try:
                 return await handler(*args, **kwargs)
-            except (BadRequestError, operations.InvalidRequestError) as exc:
+            except BadRequestError as exc:
                 return 400, {"error": str(exc)}
             except OutboxError:
                 logger.exception("outbox %s endpoint failed", name)
                 return 500, {"error": MISCONFIGURED}
-            except (*DATABASE_ERRORS, asyncpg.PostgresError) as exc:
-                logger.error("outbox %s endpoint: database error: %s", name, type(exc).__name__)
+            except DatabaseError as exc:
+                logger.error("outbox %s endpoint: database error: %s", name, exc.kind)
                 return 503, {"error": DATABASE_DOWN}
 
         return guarded

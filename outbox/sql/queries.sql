@@ -376,3 +376,7 @@ SELECT name, checksum FROM outbox_migrations ORDER BY name;
 -- record_migration --
 -- Remember that a migration file was applied
 INSERT INTO outbox_migrations (name, checksum) VALUES ($1, $2);
+
+-- database_exists --
+-- Whether a database of this name ($1) exists on the server (make run's embedded PostgreSQL)
+SELECT 1 FROM pg_database WHERE datname = $1;

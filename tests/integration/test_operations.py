@@ -15,7 +15,8 @@ from azure.functions.timer import TimerRequest
 
 import function_app
 from outbox import operations, store, triggers
-from outbox.operations import InvalidRequestError, RequeueFilter
+from outbox.errors import BadRequestError
+from outbox.operations import RequeueFilter
 from outbox.processor import OutboxProcessor
 from outbox.publisher import Publisher
 from tests.conftest import SECRET
@@ -201,7 +202,7 @@ async def test_requeue_filters_combine(db: Any, wanted: RequeueFilter, count: in
 )
 async def test_requeue_refuses_unclear_requests(db: Any, wanted: RequeueFilter, error: str) -> None:
     await failed_rows(db)
-    with pytest.raises(InvalidRequestError, match=error):
+    with pytest.raises(BadRequestError, match=error):
         await operations.requeue(db, wanted, dry_run=False)
     assert (await statuses(db))["Failed"] == 5
 
