@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
@@ -19,6 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from outbox import store
+from outbox.admission import Admission
 from outbox.clock import DatabaseClock
 from outbox.errors import DatabaseError, describe
 from outbox.logs import log_event
@@ -37,6 +37,7 @@ from outbox.models import (
 from outbox.outcomes import classify
 from outbox.redact import Redactor
 from outbox.settings import LEASE_SAFETY_SECONDS, Settings
+from outbox.stopping import StopRule, stop_rule
 
 logger = logging.getLogger(__name__)
 batch_logger = logging.getLogger("outbox.batch")
@@ -54,9 +55,6 @@ MAX_BATCHES_IN_FLIGHT = 2
 # Batches still open (delivering or writing their outcomes). Outcome writes do not hold up the
 # next lease, so a slow commit does not leave the HTTP slots idle; this bounds them.
 MAX_BATCHES_OPEN = 2 * MAX_BATCHES_IN_FLIGHT
-# Bounds for the pace of requests that admission assumes, and for one wait for room.
-MIN_PACE_SECONDS = 0.001
-MAX_ROOM_WAIT_SECONDS = 0.5
 NOT_SENT = "run interrupted before this message was sent"
 # Outcome writes are retried this often (the pool replaces a dropped connection in between).
 RECORD_RETRY_DELAYS = (0.2, 1.0, 3.0)
@@ -65,17 +63,12 @@ Deliver = Callable[[LeasedMessage], Awaitable[DeliveryResult]]
 
 @dataclass(eq=False)
 class _Run:
-    """One ``execute()``: its summary, the end of its budget, and what decides its end."""
+    """One ``execute()``: its summary, the end of its budget, and the rule that decides its end."""
 
     summary: DrainSummary
     # Monotonic: no lease and no delivery starts later.
     deadline: float
-    until_caught_up: bool
-    # Since the run's last short lease: whether an outcome it recorded let the next message of
-    # an ordering key go, and when the first of its outcomes that stays due comes due again
-    # (a message given back, a short retry), monotonic.
-    let_next_go: bool = False
-    due_again: float = math.inf
+    rule: StopRule
 
 
 @dataclass(eq=False)
@@ -115,54 +108,6 @@ class _Batch:
 _Work = tuple[_Batch, int]
 
 
-class _Admission:
-    """How much this process's runs may lease: what its delivery slots can start in time.
-
-    Leased messages wait for one of the process's slots, shared by every run (hint, timer and
-    HTTP drains at once). A message that cannot start before its run's budget ends, or before
-    its lease is too short, is given back and leased again later: with many runs, or a slow
-    receiver, leasing more than can start only turns in circles. So a run leases at most what
-    the slots can start, at the pace the process's recent requests took, before the earlier of
-    its budget's end and the lease's last start time, less what already waits.
-    """
-
-    def __init__(self, concurrency: int) -> None:
-        self.concurrency = concurrency
-        self.waiting = 0
-        # Seconds per request, smoothed; None until the first one has finished.
-        self.pace: float | None = None
-
-    def reserve(self, count: int) -> None:
-        """Count ``count`` messages as waiting before they are leased (other runs lease too)."""
-        self.waiting += count
-
-    def release(self, count: int) -> None:
-        """Stop counting ``count`` reserved messages that the lease did not return."""
-        self.waiting -= count
-
-    def leave(self, batch: _Batch, index: int) -> None:
-        """The message no longer waits (it starts, or it will not be sent now)."""
-        if batch.queued[index]:
-            batch.queued[index] = False
-            self.waiting -= 1
-
-    def finished(self, seconds: float) -> None:
-        """A request took ``seconds``."""
-        self.pace = seconds if self.pace is None else 0.8 * self.pace + 0.2 * seconds
-
-    def room(self, within: float, batch_size: int) -> int:
-        """How many messages to lease now, for slots that must start them ``within`` seconds."""
-        if self.pace is None:  # no request has finished yet: one batch, to learn the pace
-            return 0 if self.waiting else batch_size
-        startable = self.concurrency * within / max(self.pace, MIN_PACE_SECONDS)
-        return max(0, min(batch_size, math.floor(startable) - self.waiting))
-
-    async def wait(self, until: float) -> None:
-        """Let some of what waits start (about one request's time), at most ``until``."""
-        pause = min(max(self.pace or 0.0, MIN_PACE_SECONDS), MAX_ROOM_WAIT_SECONDS)
-        await asyncio.sleep(max(0.0, min(pause, until - time.monotonic())))
-
-
 class OutboxProcessor:
     """Drains the outbox: shared by the queue, timer and HTTP triggers (and ``outbox serve``)."""
 
@@ -182,7 +127,7 @@ class OutboxProcessor:
         self.clock = clock or DatabaseClock()
         self._redact = redact or Redactor.from_settings(settings)
         self._slots = asyncio.Semaphore(settings.concurrency)
-        self._admission = _Admission(settings.concurrency)
+        self._admission = Admission(settings.concurrency)
         self._hold = settings.ordering_on_failure == "hold"
         self._stopping = False
 
@@ -196,12 +141,9 @@ class OutboxProcessor:
         """Deliver due messages until none is due, the budget is spent, or ``stop()`` is called.
 
         ``until_caught_up`` (a wake-up hint's run): end once a lease comes back short and its
-        deliveries are done, instead of leasing until one comes back empty. Rows committed later
-        send hints of their own; under steady load a run would otherwise last its whole budget
-        while the hints queue up behind it. It still leases once more when an outcome it
-        recorded is due again already (a message given back, a short retry), or when the next
-        message after one it finished with an ordering key is due (its hint may have been taken
-        by a run that found it held back).
+        deliveries are done, unless what it recorded is due again already; otherwise (a drain)
+        lease until a lease finds nothing, having first let go what a change outside the relay
+        left parked. ``outbox.stopping`` holds both rules.
 
         Database errors (unreachable, connection lost, schema missing) end the run early; they
         are reported in ``summary.error`` rather than raised, and whatever was leased stays safe
@@ -210,15 +152,14 @@ class OutboxProcessor:
         summary = DrainSummary()
         started = time.monotonic()
         budget = min(budget_seconds or self._settings.run_budget_seconds, 3600.0)
-        run = _Run(summary, started + budget, until_caught_up)
+        run = _Run(summary, started + budget, stop_rule(until_caught_up=until_caught_up))
         batches: set[asyncio.Task[None]] = set()
         work: asyncio.Queue[_Work] = asyncio.Queue()
         loops = [
             asyncio.create_task(self._deliver_loop(work)) for _ in range(self._settings.concurrency)
         ]
         try:
-            if not until_caught_up:
-                # A sweep or a drain by hand: also let go what a change by hand left parked.
+            if run.rule.sweeps:
                 await store.release_held(self._pool, hold_on_failure=self._hold)
             await self._drain(run, batches, work)
         except DatabaseError as exc:
@@ -266,13 +207,11 @@ class OutboxProcessor:
             if lease.taken < size:
                 if not lease.taken and not batches:
                     return
-                # Caught up: let the in-flight batches finish (their retries may come due), then
-                # lease once more; the run ends on an empty lease with nothing in flight. A run
-                # until caught up ends here unless that lease could find something of its own.
+                # Caught up: let the in-flight batches finish (their retries may come due),
+                # then the run's rule says whether to lease once more.
                 await self._finish(batches)
-                if run.until_caught_up and _caught_up(run):
+                if run.rule.caught_up():
                     return
-                run.let_next_go, run.due_again = False, math.inf
 
     async def _lease_size(
         self, run: _Run, delivering: set[asyncio.Future[None]], batches: set[asyncio.Task[None]]
@@ -364,21 +303,19 @@ class OutboxProcessor:
             # finish is retried, whatever was not sent is released (and will not be sent now).
             batch.closed = True
             for index in range(len(batch.messages)):
-                self._admission.leave(batch, index)
+                self._leave(batch, index)
             now = self.clock.now()  # a Retry-After date is the receiver's idea of this time
             records = [self._outcome(batch, index, now) for index in range(len(batch.messages))]
-            if batch.run.until_caught_up:  # only such a run asks what comes due
-                _note_what_comes_due(batch.run, records)
             await shielded(self._record(records, batch.run))
 
     async def _attempt(self, batch: _Batch, index: int) -> Attempt:
         # Asked before waiting for a slot too: the slots are shared with the process's other
         # runs, and a message this run will not send must not wait behind their requests.
         if reason := self._not_sent_because(batch, time.monotonic()):
-            self._admission.leave(batch, index)
+            self._leave(batch, index)
             return Attempt(NotAttempted(reason), datetime.now(UTC), 0)
         async with self._slots:
-            self._admission.leave(batch, index)
+            self._leave(batch, index)
             now = datetime.now(UTC)
             started = time.monotonic()
             if reason := self._not_sent_because(batch, started):
@@ -388,6 +325,12 @@ class OutboxProcessor:
             took = time.monotonic() - started
             self._admission.finished(took)
             return Attempt(result, now, round(took * 1000))
+
+    def _leave(self, batch: _Batch, index: int) -> None:
+        """The message no longer waits for a slot (it starts, or it will not be sent now)."""
+        if batch.queued[index]:
+            batch.queued[index] = False
+            self._admission.release()
 
     def _not_sent_because(self, batch: _Batch, at: float) -> str | None:
         """Why a message of ``batch`` must not be sent at ``at`` (monotonic), if it must not."""
@@ -465,7 +408,7 @@ class OutboxProcessor:
             summary.unrecorded += len(records)
             self._report_error(summary, f"outcome write failed: {describe(exc)}")
             return
-        run.let_next_go |= written.lets_next_go
+        run.rule.recorded(records, written.lets_next_go)
         batch = DrainSummary(leased=len(records))
         for record in records:
             applied = record.message.message_id in written.applied
@@ -507,21 +450,6 @@ class OutboxProcessor:
         summary.stopped_by = "error"
         summary.error = self._redact(text)
         logger.error("outbox drain: %s", summary.error)
-
-
-def _note_what_comes_due(run: _Run, records: list[Recorded]) -> None:
-    """Keep, in ``run``, when the first of these outcomes that leaves its row due comes due."""
-    now = time.monotonic()
-    for record in records:
-        outcome = record.outcome
-        if outcome.status is Status.PENDING:
-            due = now if outcome.not_attempted else now + outcome.delay_seconds
-            run.due_again = min(run.due_again, due)
-
-
-def _caught_up(run: _Run) -> bool:
-    """Whether one more lease would find nothing this run gave back or let go."""
-    return not run.let_next_go and run.due_again > time.monotonic()
 
 
 def log_outcome(record: Recorded, *, applied: bool) -> None:

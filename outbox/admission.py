@@ -1,0 +1,58 @@
+"""How much a process's runs may lease: what its delivery slots can start in time.
+
+Leased messages wait for one of the process's slots, shared by every run (hint, timer and HTTP
+drains at once). A message that cannot start before its run's budget ends, or before its lease
+is too short, is given back and leased again later: with many runs, or a slow receiver, leasing
+more than can start only turns in circles. So a run leases at most what the slots can start, at
+the pace the process's recent requests took, before the earlier of its budget's end and the
+lease's last start time, less what already waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+
+# Bounds for the pace of requests that admission assumes, and for one wait for room.
+MIN_PACE_SECONDS = 0.001
+MAX_ROOM_WAIT_SECONDS = 0.5
+# How much of each new request's duration the smoothed pace takes in.
+PACE_WEIGHT = 0.2
+
+
+class Admission:
+    """The process's count of leased messages waiting for a slot, and its pace of requests."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.waiting = 0
+        # Seconds per request, smoothed; None until the first one has finished.
+        self.pace: float | None = None
+
+    def reserve(self, count: int) -> None:
+        """Count ``count`` messages as waiting before they are leased (other runs lease too)."""
+        self.waiting += count
+
+    def release(self, count: int = 1) -> None:
+        """Stop counting ``count`` messages: not leased after all, started, or not to be sent."""
+        self.waiting -= count
+
+    def finished(self, seconds: float) -> None:
+        """A request took ``seconds``."""
+        if self.pace is None:
+            self.pace = seconds
+        else:
+            self.pace += PACE_WEIGHT * (seconds - self.pace)
+
+    def room(self, within: float, batch_size: int) -> int:
+        """How many messages to lease now, for slots that must start them ``within`` seconds."""
+        if self.pace is None:  # no request has finished yet: one batch, to learn the pace
+            return 0 if self.waiting else batch_size
+        startable = self.concurrency * within / max(self.pace, MIN_PACE_SECONDS)
+        return max(0, min(batch_size, math.floor(startable) - self.waiting))
+
+    async def wait(self, until: float) -> None:
+        """Let some of what waits start (about one request's time), at most ``until``."""
+        pause = min(max(self.pace or 0.0, MIN_PACE_SECONDS), MAX_ROOM_WAIT_SECONDS)
+        await asyncio.sleep(max(0.0, min(pause, until - time.monotonic())))
