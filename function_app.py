@@ -1,72 +1,14 @@
-"""Azure Functions entry points (Python v2 programming model): wiring only.
+"""The Azure Functions app (Python v2 programming model): wiring only.
 
-Three triggers drive the one processor (queue hint, five-minute timer, HTTP drain); three more
-serve operations (status, requeue, daily purge). Each unpacks its binding and calls
-``outbox.triggers``; nothing connects at import time (the host imports this file while indexing).
+The relay's six functions are ``outbox.functions.bp``, a Blueprint; an app of your own adds
+them the same way. Nothing connects at import time (the host imports this file while indexing).
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import azure.functions as func
 
-from outbox import triggers
+from outbox.functions import bp
 
 app = func.FunctionApp(http_auth_level=func.AuthLevel.FUNCTION)
-
-
-def json_response(status: int, body: dict[str, Any]) -> func.HttpResponse:
-    return func.HttpResponse(json.dumps(body), status_code=status, mimetype="application/json")
-
-
-@app.function_name(name="outbox_queue")
-@app.queue_trigger(
-    arg_name="msg", queue_name="%OUTBOX_QUEUE_NAME%", connection="AzureWebJobsStorage"
-)
-async def outbox_queue(msg: func.QueueMessage) -> None:
-    """A wake-up hint arrived: drain now."""
-    await triggers.on_hint(msg.get_body(), message_id=msg.id, dequeue_count=msg.dequeue_count)
-
-
-@app.function_name(name="outbox_timer")
-@app.timer_trigger(
-    arg_name="timer", schedule="0 */5 * * * *", run_on_startup=False, use_monitor=True
-)
-async def outbox_timer(timer: func.TimerRequest) -> None:
-    """Every five minutes: drain whatever a lost hint left behind."""
-    await triggers.on_timer(past_due=timer.past_due)
-
-
-@app.function_name(name="outbox_drain")
-@app.route(route="outbox/drain", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
-async def outbox_drain(req: func.HttpRequest) -> func.HttpResponse:
-    """POST /api/outbox/drain[?budget_seconds=N]: drain now, answer with the JSON summary."""
-    status, body = await triggers.on_drain_request(dict(req.params), req.get_body())
-    return json_response(status, body)
-
-
-@app.function_name(name="outbox_status")
-@app.route(route="outbox/status", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
-async def outbox_status(req: func.HttpRequest) -> func.HttpResponse:
-    """GET /api/outbox/status: backlog health; 200 when healthy, 503 when not."""
-    status, body = await triggers.on_status_request()
-    return json_response(status, body)
-
-
-@app.function_name(name="outbox_requeue")
-@app.route(route="outbox/requeue", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
-async def outbox_requeue(req: func.HttpRequest) -> func.HttpResponse:
-    """POST /api/outbox/requeue: set Failed messages back to Pending (JSON body, dry_run)."""
-    status, body = await triggers.on_requeue_request(req.get_body())
-    return json_response(status, body)
-
-
-@app.function_name(name="outbox_purge")
-@app.timer_trigger(
-    arg_name="timer", schedule="0 30 3 * * *", run_on_startup=False, use_monitor=True
-)
-async def outbox_purge(timer: func.TimerRequest) -> None:
-    """Daily at 03:30 UTC: delete rows past their retention, in short batches."""
-    await triggers.on_purge_timer()
+app.register_functions(bp)

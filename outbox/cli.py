@@ -27,14 +27,13 @@ from outbox.errors import (
     InvalidMessageError,
     OutboxError,
 )
-from outbox.local import load_run_env
 from outbox.migrate import migrate
-from outbox.producer import enqueue, notify
+from outbox.producer import enqueue
 from outbox.redact import Redactor
+from outbox.runenv import load_run_env
 from outbox.runtime import Relay
-from outbox.serve import DEFAULT_PORT, ROOT, ServeOptions
-from outbox.serve import main as serve_main
 from outbox.settings import Settings
+from outbox.wakeup import notify_once
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 
@@ -74,11 +73,21 @@ def build_parser() -> argparse.ArgumentParser:
     show = commands.add_parser("show", help="one message with its attempt history")
     show.add_argument("message_id", type=uuid.UUID)
     serve_cmd = commands.add_parser(
-        "serve", help="run the functions of function_app.py without the Functions host"
+        "serve", help="run the relay's Azure Functions without the Functions host"
     )
     serve_cmd.add_argument("--host", default="127.0.0.1", help="HTTP address (127.0.0.1)")
-    serve_cmd.add_argument("--port", type=int, default=DEFAULT_PORT, help="HTTP port (7071)")
-    serve_cmd.add_argument("--host-json", type=Path, default=ROOT / "host.json", metavar="PATH")
+    serve_cmd.add_argument("--port", type=int, default=7071, help="HTTP port (7071)")
+    serve_cmd.add_argument(
+        "--host-json",
+        type=Path,
+        metavar="PATH",
+        help="host settings (default: ./host.json if there is one, else the package's)",
+    )
+    serve_cmd.add_argument(
+        "--app",
+        metavar="MODULE:ATTRIBUTE",
+        help="host this FunctionApp or Blueprint instead of the relay's own functions",
+    )
     return parser
 
 
@@ -134,7 +143,7 @@ async def run_enqueue(conn: Any, settings: Settings, args: argparse.Namespace) -
         )
     # Committed: from here on nothing may fail the command, or its id would be lost to the
     # caller (notify() logs a bad queue setting and returns False, as for any lost hint).
-    sent = await notify() if settings.has_queue else False
+    sent = await notify_once(settings) if settings.has_queue else False
     emit({"message_id": message_id, "hint_sent": sent})
     return EXIT_OK
 
@@ -202,8 +211,12 @@ CONNECTION_COMMANDS: dict[str, ConnectionCommand] = {
 
 
 async def run_serve(settings: Settings, args: argparse.Namespace) -> int:
+    # Only this command needs the self-host (and its web server): imported for it alone.
+    from outbox import serve  # noqa: PLC0415
+
     key = settings.function_key.get_secret_value() if settings.function_key else None
-    await serve_main(ServeOptions(args.host, args.port, args.host_json, key))
+    options = serve.ServeOptions(args.host, args.port, args.host_json, key, args.app)
+    await serve.main(options, settings)
     return EXIT_OK
 
 

@@ -9,8 +9,11 @@
 4. Migrations, then the functions of ``function_app.py``: with ``func start`` if Core Tools are on
    the PATH, else in this process (``outbox serve``) on http://127.0.0.1:7071.
 
-While it runs, ``.local/run.env`` holds the settings it chose, so ``python -m outbox …`` in another
-shell reaches the same database and queue. Ctrl-C (or SIGTERM) stops everything it started.
+What it fills in is handed to the functions as values (settings in this process, the environment
+of ``func start``), never written into its own environment. While it runs, ``.local/run.env``
+holds them, so ``python -m outbox …`` in another shell reaches the same database and queue.
+Ctrl-C (or SIGTERM) stops everything it started. A problem at start-up is one ``error:`` line
+and exit status 2 (which the Makefile passes on without a line of its own).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import asyncio
 import base64
 import contextlib
 import fcntl
+import json
 import logging
 import os
 import secrets
@@ -28,18 +32,19 @@ import shutil
 import subprocess
 import sys
 import warnings
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from pathlib import Path
 from typing import IO
 
-import azure.functions as func
 from aiohttp import web
 
 from outbox import demo_receiver, store
 from outbox.console import configure_console, help_text
-from outbox.errors import ConfigurationError
+from outbox.errors import ConfigurationError, DatabaseError, MigrationError
 from outbox.migrate import migrate
-from outbox.serve import DEFAULT_PORT, ServeOptions, install_stop_signals, serve
+from outbox.redact import Redactor
+from outbox.runenv import local_dir, run_env_path, run_env_values, write_private, write_run_env
+from outbox.serve import DEFAULT_PORT, ServeOptions, install_stop_signals, load_app, serve
 from outbox.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
 from outbox.wakeup import close_queue_client, make_queue_client
 
@@ -51,42 +56,20 @@ DEV_ACCOUNT_KEY = (  # Azurite's documented development key: public, not a secre
     "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 )
 
+# The app make run hosts in process: the repository's, as it is deployed.
+APP = "function_app:app"
+# Exit status of a start-up problem already explained in one line.
+CLEAN_ERROR = 2
+# The settings make run may fill in, by field and app-setting name.
+CHOSEN = {
+    "database_url": "OUTBOX_DATABASE_URL",
+    "queue_name": "OUTBOX_QUEUE_NAME",
+    "queue_connection": "AzureWebJobsStorage",
+    "function_key": "OUTBOX_FUNCTION_KEY",
+    "webhooks": "OUTBOX_WEBHOOKS",
+}
+
 logger = logging.getLogger("outbox.local")
-
-
-def local_dir() -> Path:
-    """Where ``make run`` keeps its data: ``OUTBOX_LOCAL_DIR``, or ``.local`` in the project."""
-    return Path(os.environ.get("OUTBOX_LOCAL_DIR") or ROOT / ".local").resolve()
-
-
-def run_env_path() -> Path:
-    return local_dir() / "run.env"
-
-
-def load_run_env() -> None:
-    """Take settings from a running ``make run`` for variables the environment does not set."""
-    path = run_env_path()
-    try:
-        # One shell-quoted file: a value may span lines (pretty-printed OUTBOX_WEBHOOKS).
-        words = shlex.split(path.read_text())
-    except (OSError, ValueError):
-        return  # none, or not one make run wrote: as if it were not running
-    values = dict(word.partition("=")[::2] for word in words if word != "export")
-    owner = values.pop("OUTBOX_LOCAL_PID", "")
-    if not owner.isdigit() or not _alive(int(owner)):
-        return  # left over from a run that did not stop cleanly
-    for key, value in values.items():
-        os.environ.setdefault(key, value)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def embedded_database_url(data: Path) -> str:
@@ -195,23 +178,6 @@ def function_key(folder: Path) -> str:
     return path.read_text().strip()
 
 
-def write_run_env(path: Path, names: list[str]) -> None:
-    """The settings other shells need, those that are set (identity-based storage included)."""
-    names = [*names, *sorted(n for n in os.environ if n.startswith("AzureWebJobsStorage__"))]
-    lines = [f"export OUTBOX_LOCAL_PID={os.getpid()}"]
-    lines += [
-        f"export {name}={shlex.quote(os.environ[name])}" for name in names if name in os.environ
-    ]
-    write_private(path, "\n".join(lines) + "\n")
-
-
-def write_private(path: Path, text: str) -> None:
-    """Write ``text`` readable by this user only, from the first byte (it holds credentials)."""
-    with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
-        out.write(text)
-    path.chmod(0o600)  # a file that existed before keeps its mode through O_CREAT
-
-
 def claim(folder: Path) -> IO[str] | None:
     """Hold ``folder`` for this run (until the process ends); None if another run holds it."""
     handle = (folder / "run.lock").open("a")
@@ -232,64 +198,78 @@ async def check_settings() -> None:
         await close_queue_client(make_queue_client(settings))
 
 
+def settings_with(chosen: Mapping[str, str]) -> Settings:
+    """The relay's settings: the environment's, with what this run chose (app-setting names)."""
+    return Settings.load(
+        **{field: chosen[name] for field, name in CHOSEN.items() if name in chosen}
+    )
+
+
+def check_port(port: int) -> None:
+    """Refuse a port that is taken before anything is said to be running."""
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            raise ConfigurationError(
+                f"port {port} is in use on 127.0.0.1; choose another: make run RUN_ARGS='--port N'"
+            ) from None
+
+
 async def start(args: argparse.Namespace) -> int:
     folder = local_dir()
     folder.mkdir(parents=True, exist_ok=True)
     lock = claim(folder)
     if lock is None:
-        print(
-            f"error: make run is already running with its data in {folder}; stop it first "
-            "(Ctrl-C), or give this one another folder with OUTBOX_LOCAL_DIR",
-            file=sys.stderr,
+        raise ConfigurationError(
+            f"make run is already running with its data in {folder}; stop it first (Ctrl-C), "
+            "or give this one another folder with OUTBOX_LOCAL_DIR"
         )
-        return 2
     with lock:
         await check_settings()
+        check_port(args.port)
         return await _start(args, folder)
 
 
 async def _start(args: argparse.Namespace, folder: Path) -> int:
+    chosen: dict[str, str] = {}  # what this run fills in, by app-setting name
     described: list[str] = []
     with contextlib.ExitStack() as processes:
-        if not os.environ.get("OUTBOX_DATABASE_URL"):
-            data = folder / "pgdata"
-            url = await asyncio.to_thread(embedded_database_url, data)
-            os.environ["OUTBOX_DATABASE_URL"] = url
-            described.append(f"database   embedded PostgreSQL, data in {data}")
-        else:
+        if os.environ.get("OUTBOX_DATABASE_URL"):
             described.append("database   OUTBOX_DATABASE_URL")
-        os.environ.setdefault("OUTBOX_QUEUE_NAME", DEFAULT_QUEUE_NAME)
+        else:
+            data = folder / "pgdata"
+            chosen["OUTBOX_DATABASE_URL"] = await asyncio.to_thread(embedded_database_url, data)
+            described.append(f"database   embedded PostgreSQL, data in {data}")
+        chosen["OUTBOX_QUEUE_NAME"] = os.environ.get("OUTBOX_QUEUE_NAME") or DEFAULT_QUEUE_NAME
         if not QueueSettings.load().has_queue:
-            connection = processes.enter_context(azurite(folder / "azurite"))
-            os.environ["AzureWebJobsStorage"] = connection  # noqa: SIM112 - the host's own name
+            chosen["AzureWebJobsStorage"] = processes.enter_context(azurite(folder / "azurite"))
             described.append(f"queue      Azurite, data in {folder / 'azurite'}")
-        described.append(f"           wake-up queue {os.environ['OUTBOX_QUEUE_NAME']}")
-        os.environ["OUTBOX_FUNCTION_KEY"] = function_key(folder)
+        described.append(f"           wake-up queue {chosen['OUTBOX_QUEUE_NAME']}")
+        chosen["OUTBOX_FUNCTION_KEY"] = function_key(folder)
         async with contextlib.AsyncExitStack() as services:
-            if not os.environ.get("OUTBOX_WEBHOOKS"):
-                secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
-                url = await services.enter_async_context(demo(_free_port(), secret))
-                os.environ["OUTBOX_WEBHOOKS"] = (
-                    f'{{"{DEMO_EVENT_TYPE}": {{"url": "{url}", "secret": "{secret}"}}}}'
-                )
-                described.append(f"webhooks   demo receiver for {DEMO_EVENT_TYPE}, printed below")
-            else:
+            if os.environ.get("OUTBOX_WEBHOOKS"):
                 described.append("webhooks   OUTBOX_WEBHOOKS")
-            Settings.load()  # with what it filled in; a bad value stops start-up (main says why)
-            await _migrate(os.environ["OUTBOX_DATABASE_URL"])
-            write_run_env(
-                run_env_path(),
-                [
-                    "OUTBOX_DATABASE_URL",
-                    "AzureWebJobsStorage",
-                    "OUTBOX_QUEUE_NAME",
-                    "OUTBOX_WEBHOOKS",
-                ],
-            )
+            else:
+                chosen["OUTBOX_WEBHOOKS"] = await services.enter_async_context(demo_webhooks())
+                described.append(f"webhooks   demo receiver for {DEMO_EVENT_TYPE}, printed below")
+            settings = settings_with(chosen)  # a bad value stops start-up (main says why)
+            await _migrate(settings.database_url.get_secret_value())
+            write_run_env(run_env_path(), run_env_values(chosen=chosen))
             try:
-                return await _run_functions(args, folder, described)
+                return await _run_functions(args, folder, described, settings, chosen)
             finally:
                 run_env_path().unlink(missing_ok=True)
+
+
+@contextlib.asynccontextmanager
+async def demo_webhooks() -> AsyncIterator[str]:
+    """The demo receiver, and the OUTBOX_WEBHOOKS value that points the relay at it."""
+    secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+    async with demo(_free_port(), secret) as url:
+        yield json.dumps({DEMO_EVENT_TYPE: {"url": url, "secret": secret}})
 
 
 async def _migrate(url: str) -> None:
@@ -300,7 +280,13 @@ async def _migrate(url: str) -> None:
         await conn.close()
 
 
-async def _run_functions(args: argparse.Namespace, folder: Path, described: list[str]) -> int:
+async def _run_functions(
+    args: argparse.Namespace,
+    folder: Path,
+    described: list[str],
+    settings: Settings,
+    chosen: Mapping[str, str],
+) -> int:
     core_tools = None if args.in_process else shutil.which("func")
     host = "func start (Azure Functions Core Tools)" if core_tools else "in process"
     described.append(f"functions  {host}: http://127.0.0.1:{args.port}/api/outbox/drain")
@@ -320,25 +306,23 @@ async def _run_functions(args: argparse.Namespace, folder: Path, described: list
     stopping = asyncio.Event()
     install_stop_signals(stopping)
     if core_tools:
-        return await _func_start(core_tools, args.port, stopping)
-    await serve(
-        _app(), ServeOptions(port=args.port, key=os.environ["OUTBOX_FUNCTION_KEY"]), stopping
-    )
+        return await _func_start(core_tools, args.port, stopping, {**os.environ, **chosen})
+    options = ServeOptions(port=args.port, key=chosen["OUTBOX_FUNCTION_KEY"], app=APP)
+    await serve(load_app(options.app), options, stopping, settings)
     return 0
 
 
-def _app() -> func.FunctionApp:
-    import function_app  # noqa: PLC0415 - loaded like the host loads it
-
-    app: func.FunctionApp = function_app.app
-    return app
-
-
-async def _func_start(core_tools: str, port: int, stopping: asyncio.Event) -> int:
-    """Core Tools host the app; settings reach it through the environment."""
-    os.environ.setdefault("FUNCTIONS_WORKER_RUNTIME", "python")
+async def _func_start(
+    core_tools: str, port: int, stopping: asyncio.Event, env: Mapping[str, str]
+) -> int:
+    """Core Tools host the app; settings reach it through its environment."""
     process = await asyncio.create_subprocess_exec(
-        core_tools, "start", "--port", str(port), cwd=ROOT
+        core_tools,
+        "start",
+        "--port",
+        str(port),
+        cwd=ROOT,
+        env={"FUNCTIONS_WORKER_RUNTIME": "python", **env},
     )
     waiter = asyncio.create_task(process.wait())
     await asyncio.wait(
@@ -363,9 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     configure_console()
     try:
         return asyncio.run(start(args))
-    except ConfigurationError as exc:
+    except (ConfigurationError, MigrationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except DatabaseError as exc:
+        redact = Redactor([os.environ.get("OUTBOX_DATABASE_URL", "")])
+        print(f"error: database: {redact(str(exc))}", file=sys.stderr)
+    return CLEAN_ERROR
 
 
 if __name__ == "__main__":

@@ -42,17 +42,33 @@ class Relay(Closeable):
 
 _shared: Relay | None = None
 _shared_lock = asyncio.Lock()
+_settings: Settings | None = None
+
+
+def use_settings(settings: Settings) -> None:
+    """Run the process's relay with ``settings`` (a host that has loaded them already)."""
+    global _settings  # noqa: PLW0603 - one configuration per process, by design
+    _settings = settings
+
+
+def process_settings() -> Settings:
+    """The process's settings: those given to ``use_settings``, else read from the
+    environment once (the Functions host sets the app settings before the first invocation)."""
+    global _settings  # noqa: PLW0603
+    if _settings is None:
+        _settings = Settings.load()
+    return _settings
 
 
 async def shared_relay() -> Relay:
-    """The process-wide relay, opened on first use with settings from the environment."""
+    """The process-wide relay, opened on first use with the process's settings."""
     global _shared  # noqa: PLW0603 - one relay per worker process, by design
     async with _shared_lock:
         if _shared is not None and _shared.loop is not asyncio.get_running_loop():
             # Only in tests: a new event loop cannot use clients bound to the old one.
             _shared = None
         if _shared is None:
-            _shared = await Relay.open(Settings.load())
+            _shared = await Relay.open(process_settings())
         return _shared
 
 
@@ -63,9 +79,10 @@ async def stop_shared_relay() -> None:
 
 
 async def close_shared_relay() -> None:
-    """Close the process-wide relay (host shutdown, tests)."""
-    global _shared
+    """Close the process-wide relay and forget its settings (host shutdown, tests)."""
+    global _shared, _settings  # noqa: PLW0603
     async with _shared_lock:
+        _settings = None
         if _shared is not None:
             relay, _shared = _shared, None
             await relay.close()

@@ -1,6 +1,7 @@
-"""``python -m outbox serve``: the functions of ``function_app.py`` without the Functions host.
+"""``python -m outbox serve``: the relay's Azure Functions without the Functions host.
 
-It indexes the app as the Python worker does and calls the very same functions:
+It hosts ``outbox.functions.bp`` (or, with ``--app module:attribute``, an app or Blueprint of
+yours), indexes it as the Python worker does and calls the very same functions:
 
 - each queue trigger: polls its queue (``%SETTING%`` names resolved from the environment), hands
   the base64-decoded message over as a ``QueueMessage``, deletes it only after the function
@@ -8,7 +9,11 @@ It indexes the app as the Python worker does and calls the very same functions:
   ``<queue>-poison`` after ``maxDequeueCount`` attempts, with the values from ``host.json``;
 - each timer trigger: fires on its NCRONTAB schedule (UTC);
 - each HTTP trigger: ``/api/<route>`` on 127.0.0.1:7071 like ``func start``; auth level
-  ``FUNCTION`` needs ``OUTBOX_FUNCTION_KEY`` as ``?code=`` or an ``x-functions-key`` header.
+  ``FUNCTION`` needs ``OUTBOX_FUNCTION_KEY`` as ``?code=`` or an ``x-functions-key`` header;
+  every answer is JSON, an unknown route's 404 and a wrong method's 405 too.
+
+``host.json`` is read from the working folder when there is one, else the package's own copy
+(the repository's, shipped with it); ``%OUTBOX_QUEUE_NAME%`` defaults to ``outbox-wakeup``.
 
 SIGTERM or SIGINT stops it gracefully: no new work is taken, drains finish their in-flight
 deliveries and release what they had not started, then the clients close. No row is left behind.
@@ -20,6 +25,7 @@ import asyncio
 import base64
 import contextlib
 import hmac
+import importlib
 import json
 import logging
 import os
@@ -29,6 +35,8 @@ import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -40,17 +48,18 @@ from azure.functions.timer import TimerRequest
 from azure.storage.queue import QueueMessage as StoredMessage
 from azure.storage.queue.aio import QueueClient
 
+from outbox import functions, runtime
 from outbox.errors import ConfigurationError
 from outbox.ncrontab import Schedule
 from outbox.redact import Redactor
-from outbox.runtime import close_shared_relay, stop_shared_relay
-from outbox.settings import QueueSettings, Settings
+from outbox.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
 from outbox.wakeup import close_queue_client, make_queue_client
 
 logger = logging.getLogger("outbox.serve")
 
-ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_PORT = 7071
+# App settings that binding expressions may name, with the value they take when not set.
+SETTING_DEFAULTS = {"OUTBOX_QUEUE_NAME": DEFAULT_QUEUE_NAME}
 _TIMESPAN = re.compile(r"^(\d+):(\d\d):(\d\d(?:\.\d+)?)$")
 _SETTING = re.compile(r"%([^%]+)%")
 
@@ -65,9 +74,9 @@ class QueueOptions:
     function_timeout: float = 300.0
 
     @classmethod
-    def from_host_json(cls, path: Path) -> QueueOptions:
+    def from_host_json(cls, path: Traversable) -> QueueOptions:
         try:
-            host = json.loads(path.read_text())
+            host = json.loads(path.read_text(encoding="utf-8"))
         except OSError as exc:
             raise ConfigurationError(f"host.json: cannot read {path}: {exc.strerror}") from None
         except ValueError as exc:
@@ -97,15 +106,46 @@ def timespan(text: Any) -> float:
 
 
 def resolve(expression: str) -> str:
-    """A binding expression with ``%SETTING%`` replaced from the environment, as the host does."""
+    """A binding expression with ``%SETTING%`` replaced from the environment, as the host does
+    (except that a setting of ``SETTING_DEFAULTS`` falls back to its default)."""
 
     def setting(match: re.Match[str]) -> str:
-        value = os.environ.get(match.group(1))
+        name = match.group(1)
+        value = os.environ.get(name) or SETTING_DEFAULTS.get(name)
         if not value:
-            raise ConfigurationError(f"app setting {match.group(1)} is not set")
+            raise ConfigurationError(f"app setting {name} is not set")
         return value
 
     return _SETTING.sub(setting, expression)
+
+
+def host_json_path(given: Path | None = None) -> Traversable:
+    """``given``, else ``./host.json``, else the package's copy of the repository's."""
+    if given is not None:
+        return given
+    here = Path("host.json")
+    return here if here.is_file() else resources.files("outbox").joinpath("host.json")
+
+
+def load_app(spec: str | None = None) -> func.FunctionApp:
+    """The app to host: ``module:attribute`` (a FunctionApp, or a Blueprint to register in one),
+    or by default the relay's own functions."""
+    if spec is None:
+        return functions.app()
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"--app must be module:attribute, e.g. function_app:app: {spec}")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"--app {spec}: {exc}") from None
+    if isinstance(found, func.FunctionApp):
+        return found
+    if isinstance(found, func.Blueprint):
+        app = func.FunctionApp(http_auth_level=func.AuthLevel.FUNCTION)
+        app.register_functions(found)
+        return app
+    raise ConfigurationError(f"--app {spec} is neither a FunctionApp nor a Blueprint")
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,10 +254,10 @@ def _raw_client(settings: QueueSettings, queue: str) -> QueueClient:
     return make_queue_client(settings.model_copy(update={"queue_name": queue}), encoded=False)
 
 
-def failure_redactor() -> Redactor:
+def failure_redactor(settings: Settings | None = None) -> Redactor:
     """What hides the app's secrets in serve's own failure logs (credential shapes at least)."""
     try:
-        return Redactor.from_settings(Settings.load())
+        return Redactor.from_settings(settings or Settings.load())
     except ConfigurationError:
         return Redactor([])  # the functions themselves will say which setting is wrong
 
@@ -245,12 +285,28 @@ def http_app(
     bindings: list[Binding], key: str | None, redact: Redactor | None = None
 ) -> web.Application:
     """``/api/<route>`` for each HTTP-triggered function, with function-key checks."""
-    app = web.Application(client_max_size=1024 * 1024)
+    app = web.Application(client_max_size=1024 * 1024, middlewares=[_json_errors])
     for binding in bindings:
         handler = _http_handler(binding, key, redact or Redactor([]))
         for method in binding.trigger.get("methods") or ["GET", "POST"]:
             app.router.add_route(method.upper(), f"/api/{binding.trigger['route']}", handler)
     return app
+
+
+@web.middleware
+async def _json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """A route nobody serves (404) or a method it does not take (405): JSON like every answer."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        error = f"no such route: {request.method} {request.path}"
+        return web.json_response({"error": error}, status=404)
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        error = f"{request.method} is not allowed on {request.path}; use {allowed}"
+        return web.json_response({"error": error}, status=405, headers={"Allow": allowed})
 
 
 def _http_handler(
@@ -297,8 +353,9 @@ def _key_matches(request: web.Request, key: str | None) -> bool:
 class ServeOptions:
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
-    host_json: Path = ROOT / "host.json"
+    host_json: Path | None = None  # ./host.json, else the package's
     key: str | None = None
+    app: str | None = None  # module:attribute; the relay's own functions by default
 
 
 async def start_http(
@@ -318,18 +375,32 @@ async def start_http(
     return runner
 
 
-async def serve(app: func.FunctionApp, options: ServeOptions, stopping: asyncio.Event) -> None:
-    """Run every function of ``app`` until ``stopping`` is set, then shut down gracefully."""
+async def serve(
+    app: func.FunctionApp,
+    options: ServeOptions,
+    stopping: asyncio.Event,
+    settings: Settings | None = None,
+) -> None:
+    """Run every function of ``app`` until ``stopping`` is set, then shut down gracefully.
+
+    ``settings``: the process's, loaded once by the caller and used by the functions too.
+    """
     bindings = index(app)
-    queue_options = QueueOptions.from_host_json(options.host_json)
-    settings = QueueSettings.load()
-    listeners = [
-        QueueListener(b, settings, queue_options)
-        for b in bindings
-        if b.trigger["type"] == "queueTrigger"
-    ]
+    queue_options = QueueOptions.from_host_json(host_json_path(options.host_json))
+    if settings is not None:
+        runtime.use_settings(settings)
+    queue_settings: QueueSettings = settings or QueueSettings.load()
+    queued = [b for b in bindings if b.trigger["type"] == "queueTrigger"]
+    if queued and not queue_settings.has_queue:
+        logger.warning(
+            "no wake-up queue configured (AzureWebJobsStorage): %s not served; the timer still "
+            "sweeps every five minutes and the HTTP drain works",
+            ", ".join(b.name for b in queued),
+        )
+        queued = []
+    listeners = [QueueListener(b, queue_settings, queue_options) for b in queued]
     http = [b for b in bindings if b.trigger["type"] == "httpTrigger"]
-    redact = failure_redactor()
+    redact = failure_redactor(settings)
     runner = await start_http(http, options, redact)
     logger.info(
         "serving %d functions; HTTP on http://%s:%d/api/ (%s)",
@@ -350,12 +421,12 @@ async def serve(app: func.FunctionApp, options: ServeOptions, stopping: asyncio.
         await stopping.wait()
     finally:
         logger.info("stopping: finishing in-flight deliveries")
-        await stop_shared_relay()
+        await runtime.stop_shared_relay()
         await runner.cleanup()
         await asyncio.gather(*tasks, return_exceptions=True)
         for listener in listeners:
             await listener.close()
-        await close_shared_relay()
+        await runtime.close_shared_relay()
         logger.info("stopped")
 
 
@@ -365,9 +436,8 @@ def install_stop_signals(stopping: asyncio.Event) -> None:
         loop.add_signal_handler(signum, stopping.set)
 
 
-async def main(options: ServeOptions) -> None:
-    import function_app  # noqa: PLC0415 - the app module, loaded like the host loads it
-
+async def main(options: ServeOptions, settings: Settings) -> None:
+    app = load_app(options.app)
     stopping = asyncio.Event()
     install_stop_signals(stopping)
-    await serve(function_app.app, options, stopping)
+    await serve(app, options, stopping, settings)

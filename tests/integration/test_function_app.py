@@ -18,8 +18,8 @@ from azure.functions.queue import QueueMessage
 from azure.functions.timer import TimerRequest
 from azure.storage.queue.aio import QueueClient
 
-import function_app
 import outbox
+from outbox import functions as relay_functions
 from outbox.errors import OutboxError
 from outbox.settings import QueueSettings
 from outbox.wakeup import WakeUpQueue
@@ -63,7 +63,7 @@ def test_importing_and_indexing_needs_no_settings_and_connects_to_nothing() -> N
 async def test_queue_function_drains(db: Any, receiver: Receiver, app_env: None) -> None:
     [message_id] = await seed(db)
     hint = QueueMessage(id="m1", body=b'{"requestedAt": "2026-01-01T00:00:00Z"}', dequeue_count=1)
-    await function_app.outbox_queue(hint)
+    await relay_functions.outbox_queue(hint)
     assert receiver.to("/orders")[0].webhook_id == str(message_id)
     assert (await row(db, message_id))["status"] == "Processed"
 
@@ -77,7 +77,7 @@ async def test_a_garbage_hint_still_succeeds_and_drains(
 ) -> None:
     caplog.set_level(logging.INFO)
     await seed(db, 2)
-    await function_app.outbox_queue(QueueMessage(id="junk", body=body, dequeue_count=3))
+    await relay_functions.outbox_queue(QueueMessage(id="junk", body=body, dequeue_count=3))
     assert await statuses(db) == {"Processed": 2}
     [logged] = [r.getMessage() for r in caplog.records if "wake-up hint junk" in r.getMessage()]
     assert len(logged) < 400  # the content is logged, bounded
@@ -98,14 +98,14 @@ async def test_a_hint_s_drain_ends_once_caught_up_under_steady_arrivals(
     receiver.script("/orders", then=Reply(200, delay=0.05))
     async with steady_arrivals(database_url):
         await seed(db, 1)
-        await function_app.outbox_queue(QueueMessage(id="steady", body=b"{}", dequeue_count=1))
+        await relay_functions.outbox_queue(QueueMessage(id="steady", body=b"{}", dequeue_count=1))
     [summary] = [r.getMessage() for r in caplog.records if "trigger=queue" in r.getMessage()]
     assert "stopped_by=drained" in summary
 
 
 async def test_timer_function_drains(db: Any, receiver: Receiver, app_env: None) -> None:
     await seed(db, 3)
-    await function_app.outbox_timer(TimerRequest(past_due=True))
+    await relay_functions.outbox_timer(TimerRequest(past_due=True))
     assert len(receiver.to("/orders")) == 3
     assert await statuses(db) == {"Processed": 3}
 
@@ -115,7 +115,7 @@ async def test_timer_function_fails_the_invocation_when_the_database_is_down(
 ) -> None:
     monkeypatch.setenv("OUTBOX_DATABASE_URL", f"postgresql://u:pw-123@127.0.0.1:{free_port()}/x")
     with pytest.raises(OutboxError, match="scheduled outbox drain failed: database error") as info:
-        await function_app.outbox_timer(TimerRequest())
+        await relay_functions.outbox_timer(TimerRequest())
     assert "pw-123" not in str(info.value)
 
 
@@ -130,7 +130,9 @@ async def test_http_drain_answers_200_with_the_summary(
 ) -> None:
     await seed(db, 4)
     receiver.script("/orders", Reply(500))
-    response = await function_app.outbox_drain(drain_request({"budget_seconds": "20", "code": "k"}))
+    response = await relay_functions.outbox_drain(
+        drain_request({"budget_seconds": "20", "code": "k"})
+    )
     assert response.status_code == 200
     assert response.mimetype == "application/json"
     summary = json.loads(response.get_body())
@@ -142,7 +144,7 @@ async def test_http_drain_accepts_the_budget_in_a_json_body(
     db: Any, receiver: Receiver, app_env: None
 ) -> None:
     await seed(db)
-    response = await function_app.outbox_drain(drain_request(body=b'{"budget_seconds": 5}'))
+    response = await relay_functions.outbox_drain(drain_request(body=b'{"budget_seconds": 5}'))
     assert response.status_code == 200
     assert json.loads(response.get_body())["processed"] == 1
 
@@ -166,13 +168,13 @@ async def test_a_drain_that_gives_messages_back_at_its_budget_sends_a_hint_for_t
     monkeypatch.setenv("OUTBOX_CONCURRENCY", "1")
     receiver.script("/orders", then=Reply(200, delay=0.4))
     await seed(db, 5)
-    response = await function_app.outbox_drain(drain_request({"budget_seconds": "0.5"}))
+    response = await relay_functions.outbox_drain(drain_request({"budget_seconds": "0.5"}))
     summary = json.loads(response.get_body())
     assert (summary["stopped_by"], summary["released"] >= 1) == ("budget", True)
     assert len(await peek_hints(queue_settings)) == 1
     # A drain that ends caught up gives nothing back and sends nothing.
     receiver.script("/orders")
-    await function_app.outbox_drain(drain_request())
+    await relay_functions.outbox_drain(drain_request())
     assert len(await peek_hints(queue_settings)) == 1
     assert await statuses(db) == {"Processed": 5}
 
@@ -209,7 +211,7 @@ async def test_http_drain_rejects_bad_parameters_with_400(
     db: Any, app_env: None, params: dict[str, str], body: bytes, error: str
 ) -> None:
     await seed(db)
-    response = await function_app.outbox_drain(drain_request(params, body))
+    response = await relay_functions.outbox_drain(drain_request(params, body))
     assert response.status_code == 400
     assert json.loads(response.get_body()) == {"error": error}
     assert await statuses(db) == {"Pending": 1}  # nothing was drained
@@ -219,7 +221,7 @@ async def test_http_drain_reports_a_database_outage_as_503_without_details(
     monkeypatch: pytest.MonkeyPatch, app_env: None
 ) -> None:
     monkeypatch.setenv("OUTBOX_DATABASE_URL", f"postgresql://u:pw-123@127.0.0.1:{free_port()}/x")
-    response = await function_app.outbox_drain(drain_request())
+    response = await relay_functions.outbox_drain(drain_request())
     assert response.status_code == 503
     text = response.get_body().decode()
     assert json.loads(text)["error"] == "database error; see the function logs"
@@ -234,7 +236,7 @@ async def test_http_drain_reports_bad_settings_as_500_without_details(
     monkeypatch.setenv(
         "OUTBOX_WEBHOOKS", '{"A": {"url": "https://x", "secret": "whsec_oops-leak"}}'
     )
-    response = await function_app.outbox_drain(drain_request())
+    response = await relay_functions.outbox_drain(drain_request())
     assert response.status_code == 500
     text = response.get_body().decode()
     assert json.loads(text) == {"error": "the relay is misconfigured; see the function logs"}
@@ -247,10 +249,10 @@ async def test_clients_are_created_once_per_process_and_reused(
     from outbox.runtime import shared_relay
 
     await seed(db)
-    await function_app.outbox_timer(TimerRequest())
+    await relay_functions.outbox_timer(TimerRequest())
     first = await shared_relay()
-    await function_app.outbox_drain(drain_request())
-    await function_app.outbox_queue(QueueMessage(id="x", body=b"{}", dequeue_count=1))
+    await relay_functions.outbox_drain(drain_request())
+    await relay_functions.outbox_queue(QueueMessage(id="x", body=b"{}", dequeue_count=1))
     again = await shared_relay()
     assert again is first
     assert again.pool is first.pool
@@ -276,7 +278,7 @@ async def test_end_to_end_through_azurite(
         decoded = base64.b64decode(message.content, validate=True)
         assert set(json.loads(decoded)) == {"requestedAt"}
         # The host hands the decoded body to the function; on success it deletes the message.
-        await function_app.outbox_queue(
+        await relay_functions.outbox_queue(
             QueueMessage(
                 id=message.id,
                 body=decoded,

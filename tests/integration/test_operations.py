@@ -13,8 +13,7 @@ import azure.functions as func
 import pytest
 from azure.functions.timer import TimerRequest
 
-import function_app
-from outbox import operations, store, triggers
+from outbox import functions, operations, store, triggers
 from outbox.errors import BadRequestError
 from outbox.operations import RequeueFilter
 from outbox.processor import OutboxProcessor
@@ -229,28 +228,28 @@ def http(method: str, route: str, body: bytes = b"") -> func.HttpRequest:
 
 async def test_requeue_and_status_endpoints(db: Any, app_env: None) -> None:
     await failed_rows(db)
-    bad = await function_app.outbox_requeue(
+    bad = await functions.outbox_requeue(
         http("POST", "outbox/requeue", b'{"message_ids": ["nope"]}')
     )
     assert bad.status_code == 400
     assert json.loads(bad.get_body())["error"] == (
         "message_ids must be a non-empty list of message ids (UUIDs)"
     )
-    unclear = await function_app.outbox_requeue(http("POST", "outbox/requeue", b"{}"))
+    unclear = await functions.outbox_requeue(http("POST", "outbox/requeue", b"{}"))
     assert unclear.status_code == 400
-    dry = await function_app.outbox_requeue(
+    dry = await functions.outbox_requeue(
         http("POST", "outbox/requeue", b'{"all_failed": true, "dry_run": true}')
     )
     assert (dry.status_code, json.loads(dry.get_body())["requeued"]) == (200, 5)
-    status = await function_app.outbox_status(http("GET", "outbox/status"))
+    status = await functions.outbox_status(http("GET", "outbox/status"))
     assert status.status_code == 200
     assert json.loads(status.get_body())["counts"]["Failed"] == 5
-    done = await function_app.outbox_requeue(
+    done = await functions.outbox_requeue(
         http("POST", "outbox/requeue", b'{"event_type": "InvoicePaid"}')
     )
     assert json.loads(done.get_body())["requeued"] == 2
     await db.execute("UPDATE outbox_messages SET created_at = now() - interval '1 day'")
-    unhealthy = await function_app.outbox_status(http("GET", "outbox/status"))
+    unhealthy = await functions.outbox_status(http("GET", "outbox/status"))
     assert unhealthy.status_code == 503
     assert json.loads(unhealthy.get_body())["healthy"] is False
 
@@ -270,7 +269,7 @@ async def test_requeue_and_status_endpoints(db: Any, app_env: None) -> None:
 async def test_requeue_endpoint_rejects_bad_bodies(
     db: Any, app_env: None, body: bytes, error: str
 ) -> None:
-    response = await function_app.outbox_requeue(http("POST", "outbox/requeue", body))
+    response = await functions.outbox_requeue(http("POST", "outbox/requeue", body))
     assert response.status_code == 400
     assert json.loads(response.get_body()) == {"error": error}
 
@@ -357,7 +356,7 @@ async def test_purge_command_and_the_daily_timer(db: Any, database_url: str, app
     )
     assert json.loads(result.stdout) == {"processed_deleted": 5, "failed_deleted": 2, "batches": 2}
     await old_rows(db, processed=4)
-    await function_app.outbox_purge(TimerRequest())
+    await functions.outbox_purge(TimerRequest())
     assert await statuses(db) == {}
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from azure.functions.timer import TimerRequest
 
-import function_app
 import outbox
+from outbox import functions
 from outbox.runtime import close_shared_relay
 from outbox.settings import QueueSettings
 from outbox.wakeup import WakeUpQueue
@@ -50,7 +50,7 @@ async def commit_an_order(db: Any, queue: WakeUpQueue) -> Any:
 async def assert_committed_and_swept(db: Any, receiver: Receiver, message_id: Any) -> None:
     assert await db.fetchval("SELECT count(*) FROM orders") == 1
     assert (await row(db, message_id))["status"] == "Pending"
-    await function_app.outbox_timer(TimerRequest())
+    await functions.outbox_timer(TimerRequest())
     assert [r.webhook_id for r in receiver.requests] == [str(message_id)]
     assert (await row(db, message_id))["status"] == "Processed"
 

@@ -20,9 +20,8 @@ import azure.functions as func
 import pytest
 from azure.functions.timer import TimerRequest
 
-import function_app
 import outbox
-from outbox import operations
+from outbox import functions, operations
 from outbox.errors import OutboxError
 from outbox.runtime import close_shared_relay
 from tests.conftest import SECRET
@@ -114,7 +113,7 @@ async def test_secrets_never_reach_logs_last_error_summaries_or_drain_answers(
     caplog.set_level(logging.DEBUG)  # every logger, every level: aiohttp, asyncpg, azure too
     await seed_every_failure(db)
     try:
-        answered = await function_app.outbox_drain(drain_request())
+        answered = await functions.outbox_drain(drain_request())
         assert answered.status_code == 200
         summary = json.loads(answered.get_body())
         assert (summary["leased"], summary["retried"]) == (6, 6)
@@ -124,10 +123,10 @@ async def test_secrets_never_reach_logs_last_error_summaries_or_drain_answers(
 
         proxy.down()
         await seed_every_failure(db)  # written directly: the relay can no longer reach them
-        lost = await function_app.outbox_drain(drain_request())
+        lost = await functions.outbox_drain(drain_request())
         assert lost.status_code == 503
         with pytest.raises(OutboxError) as timer_failure:
-            await function_app.outbox_timer(TimerRequest())
+            await functions.outbox_timer(TimerRequest())
     finally:
         proxy.up()
         await close_shared_relay()

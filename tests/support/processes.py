@@ -22,12 +22,14 @@ class Child:
         self._reader = asyncio.create_task(self._read())
 
     @classmethod
-    async def start(cls, *args: str, env: dict[str, str]) -> Child:
+    async def start(
+        cls, *args: str, env: dict[str, str], python: str = sys.executable, cwd: Path = ROOT
+    ) -> Child:
         process = await asyncio.create_subprocess_exec(
-            sys.executable,
+            python,
             "-m",
             *args,
-            cwd=ROOT,
+            cwd=cwd,
             env={"PATH": os.environ["PATH"], **env},
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from outbox.local import function_key, load_run_env, write_run_env
+from outbox.local import function_key
+from outbox.runenv import load_run_env, run_env_values, write_run_env
 
 WEBHOOKS = json.dumps({"OrderCompleted": {"url": "http://127.0.0.1:9/x", "secret": None}}, indent=2)
 NAMES = ["OUTBOX_DATABASE_URL", "AzureWebJobsStorage", "OUTBOX_QUEUE_NAME", "OUTBOX_WEBHOOKS"]
@@ -28,7 +29,7 @@ def test_settings_of_several_lines_come_back_as_they_were(
 ) -> None:
     monkeypatch.setenv("OUTBOX_WEBHOOKS", WEBHOOKS)
     monkeypatch.setenv("OUTBOX_DATABASE_URL", "postgresql://u:p w'd@localhost/db")
-    write_run_env(local_dir / "run.env", NAMES)
+    write_run_env(local_dir / "run.env", run_env_values(NAMES))
     monkeypatch.delenv("OUTBOX_WEBHOOKS")
     monkeypatch.delenv("OUTBOX_DATABASE_URL")
     load_run_env()
@@ -42,7 +43,7 @@ def test_an_unset_setting_is_left_out_and_identity_storage_settings_are_kept(
 ) -> None:
     # make run with AzureWebJobsStorage__accountName: there is no AzureWebJobsStorage to write.
     monkeypatch.setenv("AzureWebJobsStorage__accountName", "myaccount")
-    write_run_env(local_dir / "run.env", NAMES)
+    write_run_env(local_dir / "run.env", run_env_values(NAMES))
     monkeypatch.delenv("AzureWebJobsStorage__accountName")
     load_run_env()
     assert os.environ["AzureWebJobsStorage__accountName"] == "myaccount"  # noqa: SIM112

@@ -1,12 +1,13 @@
-"""The package a producing service installs: built from this folder as pip builds it."""
+"""The package a service installs: built from this folder as pip builds it."""
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+
+from tests.support.installed import build_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -14,33 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
     tmp_path: Path,
 ) -> None:
-    # From a copy: a build writes into its source folder.
-    source = tmp_path / "source"
-    shutil.copytree(
-        ROOT / "outbox", source / "outbox", ignore=shutil.ignore_patterns("__pycache__")
-    )
-    for name in ("pyproject.toml", "requirements.txt", "README.md"):
-        shutil.copy(ROOT / name, source / name)
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "--no-build-isolation",
-            "-w",
-            str(tmp_path / "dist"),
-            str(source),
-        ],
-        check=True,
-        capture_output=True,
-        cwd=tmp_path,
-    )
-    [wheel] = (tmp_path / "dist").glob("outbox_relay-*.whl")
+    wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert "outbox/sql/queries.sql" in names
+    # The migrations travel with it, from the repository's migrations/ folder, and host.json.
+    shipped = sorted(n.removeprefix("outbox/migrations/") for n in names if "migrations/" in n)
+    assert shipped == sorted(p.name for p in (ROOT / "migrations").glob("*.sql"))
+    assert "outbox/host.json" in names
     assert not [n for n in names if n.startswith(("tests/", "bench/", "function_app"))]
     metadata = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith(".dist-info/METADATA"))
@@ -54,9 +35,9 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
         capture_output=True,
     )
     probe = (
-        "import outbox, outbox.store; "
+        "import outbox, outbox.store, outbox.migrate; "
         "print(outbox.__file__); print(callable(outbox.enqueue)); "
-        "print('lease_batch' in outbox.store.QUERIES)"
+        "print('lease_batch' in outbox.store.QUERIES); print(len(outbox.migrate.discover()))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe],
@@ -66,6 +47,12 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
         cwd=tmp_path,
         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
     )
-    where, importable, statements = done.stdout.split()
+    where, importable, statements, migrations = done.stdout.split()
     assert where.startswith(str(site))
     assert (importable, statements) == ("True", "True")
+    assert int(migrations) == len(shipped)
+
+
+def test_the_packaged_host_json_is_the_repository_s() -> None:
+    # outbox serve reads the package's copy where a folder has no host.json of its own.
+    assert (ROOT / "outbox" / "host.json").read_bytes() == (ROOT / "host.json").read_bytes()

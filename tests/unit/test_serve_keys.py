@@ -143,3 +143,21 @@ def test_serve_hides_the_app_s_secrets_and_credential_shapes(
     assert redact(f"failed: {url} as app:pa55word") == "failed: [redacted] as app:[redacted]"
     monkeypatch.setenv("OUTBOX_WEBHOOKS", "{not json")
     assert failure_redactor()("AccountKey=abc123==;") == "AccountKey=[redacted];"
+
+
+def test_serve_hosts_the_relay_s_blueprint_or_an_app_named_module_attribute() -> None:
+    from outbox.serve import index, load_app
+
+    names = {"outbox_queue", "outbox_timer", "outbox_drain", "outbox_status"}
+    names |= {"outbox_requeue", "outbox_purge"}
+    assert {b.name for b in index(load_app())} == names  # by default: outbox.functions.bp
+    assert {b.name for b in index(load_app("function_app:app"))} == names
+    assert {b.name for b in index(load_app("outbox.functions:bp"))} == names  # a Blueprint
+    for spec, problem in [
+        ("function_app", "--app must be module:attribute"),
+        ("no_such_module:app", "No module named 'no_such_module'"),
+        ("outbox.functions:nothing", "has no attribute 'nothing'"),
+        ("outbox.functions:json_response", "is neither a FunctionApp nor a Blueprint"),
+    ]:
+        with pytest.raises(ConfigurationError, match=problem):
+            load_app(spec)
