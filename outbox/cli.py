@@ -10,7 +10,6 @@ import argparse
 import asyncio
 import json
 import math
-import re
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
@@ -18,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from outbox import operations, store
+from outbox import operations, requests, store
 from outbox.console import configure_cli, configure_console, help_text
 from outbox.errors import (
     BadRequestError,
@@ -155,29 +154,18 @@ async def run_status(conn: Any, settings: Settings, args: argparse.Namespace) ->
 
 
 async def run_requeue(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
-    wanted = operations.RequeueFilter(
-        message_ids=tuple(args.ids) if args.ids else None,
-        event_type=args.event_type,
-        created_from=args.created_from,
-        created_to=args.created_to,
-        all_failed=args.all_failed,
-    )
-    try:
-        wanted.check()
-    except BadRequestError as exc:
-        raise BadRequestError(as_flags(str(exc))) from None
-    emit((await operations.requeue(conn, wanted, dry_run=args.dry_run)).as_dict())
+    given = {
+        "message_ids": tuple(args.ids) if args.ids else None,
+        "event_type": args.event_type,
+        "created_from": args.created_from,
+        "created_to": args.created_to,
+        "all_failed": args.all_failed,
+        "dry_run": args.dry_run,
+    }
+    # Checked here to word its errors by the command's flags; requeue checks it again.
+    wanted = requests.parse(requests.RequeueRequest, given, names=requests.FLAG_NAMES)
+    emit((await operations.requeue(conn, wanted.filter, dry_run=wanted.dry_run)).as_dict())
     return EXIT_OK
-
-
-_FIELD = re.compile(r"\b(all_failed|event_type|created_from|created_to|message ids)\b")
-
-
-def as_flags(text: str) -> str:
-    """A requeue error in the CLI's words: its flags, not the HTTP body's field names."""
-    return _FIELD.sub(
-        lambda m: "--id" if m[1] == "message ids" else "--" + m[1].replace("_", "-"), text
-    )
 
 
 async def run_purge(conn: Any, settings: Settings, args: argparse.Namespace) -> int:

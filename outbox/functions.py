@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import azure.functions as func
 
@@ -26,6 +27,15 @@ bp = func.Blueprint()  # type: ignore[no-untyped-call]
 
 def json_response(status: int, body: dict[str, Any]) -> func.HttpResponse:
     return func.HttpResponse(json.dumps(body), status_code=status, mimetype="application/json")
+
+
+def query_pairs(req: func.HttpRequest) -> list[tuple[str, str]]:
+    """The query string's parameters in order, a repeated one as often as it is given (the
+    binding's ``params`` keep one of them)."""
+    query = urlsplit(req.url).query
+    if query:
+        return parse_qsl(query, keep_blank_values=True)
+    return list(req.params.items())
 
 
 @bp.function_name(name="outbox_queue")
@@ -50,7 +60,7 @@ async def outbox_timer(timer: func.TimerRequest) -> None:
 @bp.route(route="outbox/drain", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
 async def outbox_drain(req: func.HttpRequest) -> func.HttpResponse:
     """POST /api/outbox/drain[?budget_seconds=N]: drain now, answer with the JSON summary."""
-    status, body = await triggers.on_drain_request(dict(req.params), req.get_body())
+    status, body = await triggers.on_drain_request(query_pairs(req), req.get_body())
     return json_response(status, body)
 
 
@@ -58,7 +68,7 @@ async def outbox_drain(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="outbox/status", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
 async def outbox_status(req: func.HttpRequest) -> func.HttpResponse:
     """GET /api/outbox/status: backlog health; 200 when healthy, 503 when not."""
-    status, body = await triggers.on_status_request()
+    status, body = await triggers.on_status_request(query_pairs(req))
     return json_response(status, body)
 
 

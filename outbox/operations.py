@@ -8,13 +8,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from outbox import store
-from outbox.errors import BadRequestError
+from outbox import requests, store
 from outbox.models import Status
+from outbox.requests import RequeueFilter
 
 MAX_LISTED_IDS = 1000
 # A host clock further off the database's than this is reported by status.
@@ -79,59 +78,6 @@ async def backlog_status(conn: store.Connection, threshold_seconds: float) -> Ba
     )
 
 
-@dataclass(frozen=True, slots=True)
-class RequeueFilter:
-    """Which Failed rows to requeue: every given criterion must match."""
-
-    message_ids: tuple[UUID, ...] | None = None
-    event_type: str | None = None
-    created_from: datetime | None = None
-    created_to: datetime | None = None
-    all_failed: bool = False
-
-    def check(self) -> None:
-        narrowed = any(
-            value is not None
-            for value in (self.message_ids, self.event_type, self.created_from, self.created_to)
-        )
-        if narrowed == self.all_failed:
-            raise BadRequestError(
-                "say which Failed messages to requeue: message ids, an event type and/or a "
-                "created_at range, or all_failed (but not both)"
-            )
-        self._check_times()
-        if self.event_type is not None:
-            _check_text(self.event_type, "event_type")
-
-    def _check_times(self) -> None:
-        # Offsets first: a naive and an aware time cannot even be compared.
-        for name, value in (("created_from", self.created_from), ("created_to", self.created_to)):
-            if value is None:
-                continue
-            if value.tzinfo is None:
-                raise BadRequestError("times need a UTC offset, e.g. 2026-01-02T00:00:00Z")
-            try:
-                value.astimezone(UTC)  # what the driver sends; it must stay a valid datetime
-            except OverflowError:
-                raise BadRequestError(
-                    f"{name} is out of range: in UTC it must fall within the years 1 to 9999"
-                ) from None
-        if self.created_from and self.created_to and self.created_from >= self.created_to:
-            raise BadRequestError("created_from must be earlier than created_to")
-
-
-def _check_text(value: str, name: str) -> None:
-    """Refuse, as a bad request rather than a database error, text PostgreSQL cannot hold."""
-    if "\x00" in value:
-        raise BadRequestError(f"{name} contains a NUL character (\\u0000)")
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        raise BadRequestError(
-            f"{name} is not valid UTF-8 text (it holds a lone surrogate)"
-        ) from None
-
-
 @dataclass(slots=True)
 class RequeueReport:
     requeued: int
@@ -147,7 +93,7 @@ async def requeue(conn: store.Connection, wanted: RequeueFilter, *, dry_run: boo
 
     Their attempt history and last_error stay; a dry run only reports what would change.
     """
-    wanted.check()
+    wanted = requests.parse(requests.RequeueRequest, asdict(wanted) | {"dry_run": dry_run}).filter
     found = await store.requeue_failed(
         conn,
         wanted.message_ids,

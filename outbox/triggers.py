@@ -9,13 +9,10 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
-import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from datetime import datetime
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec
 
-from outbox import operations
+from outbox import operations, requests
 from outbox.errors import BadRequestError, DatabaseError, DrainFailedError, OutboxError
 from outbox.logs import log_event
 from outbox.models import DrainSummary
@@ -25,11 +22,8 @@ from outbox.wakeup import notify_once
 logger = logging.getLogger("outbox.triggers")
 P = ParamSpec("P")
 
-# HTTP requests on Azure are cut off after 230 s; a drain also needs up to one HTTP timeout to
-# finish the requests in flight when its budget ends.
 HTTP_DEFAULT_BUDGET_SECONDS = 30.0
-HTTP_MAX_BUDGET_SECONDS = 120.0
-HTTP_PARAMETERS = frozenset({"budget_seconds", "code"})  # `code` carries the function key
+HTTP_PARAMETERS = frozenset({"code"})  # `code` carries the function key, on every route
 MAX_LOGGED_HINT_CHARS = 200
 MISCONFIGURED = "the relay is misconfigured; see the function logs"
 DATABASE_DOWN = "database error; see the function logs"
@@ -86,6 +80,10 @@ async def on_timer(*, past_due: bool) -> DrainSummary:
 HttpResult = tuple[int, dict[str, Any]]
 
 
+def _pairs(query: Query | Mapping[str, str]) -> Query:
+    return list(query.items()) if isinstance(query, Mapping) else query
+
+
 def http_endpoint(
     name: str,
 ) -> Callable[[Callable[P, Awaitable[HttpResult]]], Callable[P, Awaitable[HttpResult]]]:
@@ -115,9 +113,12 @@ def http_endpoint(
 
 
 @http_endpoint("drain")
-async def on_drain_request(params: Mapping[str, str], body: bytes) -> HttpResult:
-    """HTTP trigger: ``POST /api/outbox/drain[?budget_seconds=N]`` → (status, JSON body)."""
-    summary = await drain("http", parse_budget(params, body))
+async def on_drain_request(query: Query | Mapping[str, str], body: bytes) -> HttpResult:
+    """HTTP trigger: ``POST /api/outbox/drain[?budget_seconds=N]`` → (status, JSON body).
+
+    ``query``: the query string's (name, value) pairs, in order (or a mapping of them).
+    """
+    summary = await drain("http", parse_budget(_pairs(query), body))
     result = summary.as_dict()
     if summary.error:
         result["error"] = DATABASE_DOWN
@@ -126,8 +127,9 @@ async def on_drain_request(params: Mapping[str, str], body: bytes) -> HttpResult
 
 
 @http_endpoint("status")
-async def on_status_request() -> HttpResult:
+async def on_status_request(query: Query | Mapping[str, str] = ()) -> HttpResult:
     """HTTP trigger: ``GET /api/outbox/status`` → 200 when healthy, 503 when not (same JSON)."""
+    query_parameters(_pairs(query), allowed=HTTP_PARAMETERS)
     relay = await shared_relay()
     status = await operations.backlog_status(
         relay.pool, relay.settings.alert_oldest_pending_seconds
@@ -138,11 +140,12 @@ async def on_status_request() -> HttpResult:
 @http_endpoint("requeue")
 async def on_requeue_request(body: bytes) -> HttpResult:
     """HTTP trigger: ``POST /api/outbox/requeue`` with a JSON body naming the Failed rows."""
-    wanted, dry_run = parse_requeue(body)
-    wanted.check()
+    wanted = parse_requeue(body)
     relay = await shared_relay()
-    report = await operations.requeue(relay.pool, wanted, dry_run=dry_run)
-    log_event(logger, logging.INFO, "outbox.requeue", requeued=report.requeued, dry_run=dry_run)
+    report = await operations.requeue(relay.pool, wanted.filter, dry_run=wanted.dry_run)
+    log_event(
+        logger, logging.INFO, "outbox.requeue", requeued=report.requeued, dry_run=wanted.dry_run
+    )
     return 200, report.as_dict()
 
 
@@ -160,31 +163,38 @@ async def on_purge_timer() -> operations.PurgeReport:
     return report
 
 
-REQUEUE_FIELDS = frozenset(
-    {"message_ids", "event_type", "created_from", "created_to", "all_failed", "dry_run"}
-)
+BODY_UNKNOWN = "unknown field(s) in the body: {}"
+Query = Sequence[tuple[str, str]]
 
 
-def parse_requeue(body: bytes) -> tuple[operations.RequeueFilter, bool]:
+def parse_requeue(body: bytes) -> requests.RequeueRequest:
     """The requeue request body: ``{"message_ids": [...], "event_type": …, "created_from": …,
     "created_to": …, "all_failed": bool, "dry_run": bool}``."""
+    return requests.parse(requests.RequeueRequest, _json_object(body), unknown=BODY_UNKNOWN)
+
+
+def parse_budget(query: Query, body: bytes) -> float:
+    """The drain budget from ``?budget_seconds=`` or a JSON body ``{"budget_seconds": N}``."""
+    params = query_parameters(query, allowed=HTTP_PARAMETERS | {"budget_seconds"})
     data = _json_object(body)
-    unknown = sorted(set(data) - REQUEUE_FIELDS)
+    if "budget_seconds" in data and "budget_seconds" in params:
+        raise BadRequestError("give budget_seconds in the query or in the body, not both")
+    if not data:
+        data = {name: value for name, value in params.items() if name != "code"}
+    wanted = requests.parse(requests.DrainRequest, data, unknown=BODY_UNKNOWN)
+    return wanted.budget_seconds or HTTP_DEFAULT_BUDGET_SECONDS
+
+
+def query_parameters(query: Query, *, allowed: frozenset[str]) -> dict[str, str]:
+    """The query's parameters by name: each at most once, and only ``allowed`` ones."""
+    names = [name for name, _ in query]
+    unknown = sorted(set(names) - allowed)
     if unknown:
-        raise BadRequestError(f"unknown field(s) in the body: {', '.join(unknown)}")
-    try:
-        ids = data.get("message_ids")
-        wanted = operations.RequeueFilter(
-            message_ids=None if ids is None else _uuids(ids),
-            event_type=_optional_str(data.get("event_type"), "event_type"),
-            created_from=_optional_time(data.get("created_from"), "created_from"),
-            created_to=_optional_time(data.get("created_to"), "created_to"),
-            all_failed=_bool(data.get("all_failed", False), "all_failed"),
-        )
-        dry_run = _bool(data.get("dry_run", False), "dry_run")
-    except ValueError as exc:
-        raise BadRequestError(str(exc)) from None
-    return wanted, dry_run
+        raise BadRequestError(f"unknown parameter(s): {', '.join(unknown)}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise BadRequestError(f"parameter(s) given more than once: {', '.join(repeated)}")
+    return dict(query)
 
 
 def _json_object(body: bytes) -> dict[str, Any]:
@@ -197,74 +207,6 @@ def _json_object(body: bytes) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadRequestError("the request body must be empty or a JSON object")
     return data
-
-
-def _uuids(value: Any) -> tuple[uuid.UUID, ...]:
-    problem = "message_ids must be a non-empty list of message ids (UUIDs)"
-    if not isinstance(value, list) or not value:
-        raise ValueError(problem)
-    try:
-        return tuple(uuid.UUID(str(item)) for item in value)
-    except ValueError:
-        raise ValueError(problem) from None
-
-
-def _optional_str(value: Any, name: str) -> str | None:
-    if value is not None and (not isinstance(value, str) or not value):
-        raise ValueError(f"{name} must be a non-empty string")
-    return value
-
-
-def _optional_time(value: Any, name: str) -> datetime | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ValueError(f"{name} must be an ISO 8601 time")
-    try:
-        return datetime.fromisoformat(value)
-    except ValueError:
-        raise ValueError(f"{name} must be an ISO 8601 time") from None
-
-
-def _bool(value: Any, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name} must be true or false")
-    return value
-
-
-def parse_budget(params: Mapping[str, str], body: bytes) -> float:
-    """The drain budget from ``?budget_seconds=`` or a JSON body ``{"budget_seconds": N}``."""
-    unknown = sorted(set(params) - HTTP_PARAMETERS)
-    if unknown:
-        raise BadRequestError(f"unknown parameter(s): {', '.join(unknown)}")
-    value: Any = params.get("budget_seconds")
-    if body.strip():
-        value = _budget_from_body(body, value)
-    if value is None:
-        return HTTP_DEFAULT_BUDGET_SECONDS
-    try:
-        budget = float(value)
-    except (TypeError, ValueError):
-        raise BadRequestError("budget_seconds must be a number of seconds") from None
-    except OverflowError:  # a JSON integer too large for a float: out of range, like 1e400
-        budget = math.inf
-    if not math.isfinite(budget) or not 0 < budget <= HTTP_MAX_BUDGET_SECONDS:
-        raise BadRequestError(
-            f"budget_seconds must be greater than 0 and at most {HTTP_MAX_BUDGET_SECONDS:g}"
-        )
-    return budget
-
-
-def _budget_from_body(body: bytes, from_query: Any) -> Any:
-    data = _json_object(body)
-    unknown = sorted(set(data) - {"budget_seconds"})
-    if unknown:
-        raise BadRequestError(f"unknown field(s) in the body: {', '.join(unknown)}")
-    if "budget_seconds" in data and from_query is not None:
-        raise BadRequestError("give budget_seconds in the query or in the body, not both")
-    if isinstance(data.get("budget_seconds"), bool):
-        raise BadRequestError("budget_seconds must be a number of seconds")
-    return data.get("budget_seconds", from_query)
 
 
 def describe_hint(body: bytes) -> str:

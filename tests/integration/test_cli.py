@@ -177,3 +177,23 @@ async def test_requeue_command_refuses_a_naive_time_beside_an_aware_one(
     assert result.returncode == 2
     assert "error: times need a UTC offset" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+async def test_requeue_errors_name_the_command_s_flags(db: Any, database_url: str) -> None:
+    env = {"OUTBOX_DATABASE_URL": database_url}
+    backwards = await run_cli(
+        "requeue",
+        "--created-from",
+        "2026-02-01T00:00:00Z",
+        "--created-to",
+        "2026-01-01T00:00:00Z",
+        env=env,
+    )
+    assert backwards.returncode == 2
+    assert "error: --created-from must be earlier than --created-to" in backwards.stderr
+    both = await run_cli("requeue", "--event-type", "X", "--all-failed", env=env)
+    assert both.returncode == 2
+    assert (
+        "say which Failed messages to requeue: --id, --event-type and/or "
+        "--created-from/--created-to, or --all-failed (but not both)" in both.stderr
+    )

@@ -292,3 +292,43 @@ async def test_end_to_end_through_azurite(
     assert request.webhook_id == str(message_id)
     assert request.json["data"] == {"orderId": 42}
     assert (await row(db, message_id))["status"] == "Processed"
+
+
+@pytest.mark.parametrize(
+    ("route", "query", "error"),
+    [
+        (
+            "drain",
+            "budget_seconds=5&budget_seconds=6",
+            "parameter(s) given more than once: budget_seconds",
+        ),
+        ("drain", "code=a&code=b", "parameter(s) given more than once: code"),
+        ("status", "verbose=1", "unknown parameter(s): verbose"),
+        ("status", "code=a&code=b", "parameter(s) given more than once: code"),
+    ],
+)
+async def test_query_parameters_are_taken_once_each_and_only_known_ones(
+    db: Any, app_env: None, route: str, query: str, error: str
+) -> None:
+    await seed(db)
+    function = relay_functions.outbox_drain if route == "drain" else relay_functions.outbox_status
+    request = func.HttpRequest(
+        method="POST" if route == "drain" else "GET",
+        url=f"http://localhost/api/outbox/{route}?{query}",
+        headers={},
+        params=dict(pair.split("=") for pair in query.split("&")),  # as the binding keeps them
+        body=b"",
+    )
+    response = await function(request)
+    assert response.status_code == 400
+    assert json.loads(response.get_body()) == {"error": error}
+    assert await statuses(db) == {"Pending": 1}
+
+
+async def test_a_status_request_with_the_function_key_in_the_query_is_answered(
+    db: Any, app_env: None
+) -> None:
+    request = func.HttpRequest(
+        method="GET", url="http://localhost/api/outbox/status?code=k", headers={}, body=b""
+    )
+    assert (await relay_functions.outbox_status(request)).status_code == 200

@@ -15,9 +15,9 @@ from azure.functions.timer import TimerRequest
 
 from outbox import functions, operations, store, triggers
 from outbox.errors import BadRequestError
-from outbox.operations import RequeueFilter
 from outbox.processor import OutboxProcessor
 from outbox.publisher import Publisher
+from outbox.requests import RequeueFilter
 from tests.conftest import SECRET
 from tests.support.outbox_helpers import open_relay, row, run_cli, seed, statuses
 from tests.support.receiver import Receiver, Reply

@@ -151,7 +151,9 @@ def test_serve_hosts_the_relay_s_blueprint_or_an_app_named_module_attribute() ->
     names = {"outbox_queue", "outbox_timer", "outbox_drain", "outbox_status"}
     names |= {"outbox_requeue", "outbox_purge"}
     assert {b.name for b in index(load_app())} == names  # by default: outbox.functions.bp
-    assert {b.name for b in index(load_app("function_app:app"))} == names
+    import function_app
+
+    assert load_app("function_app:app") is function_app.app  # indexed once per process, elsewhere
     assert {b.name for b in index(load_app("outbox.functions:bp"))} == names  # a Blueprint
     for spec, problem in [
         ("function_app", "--app must be module:attribute"),
@@ -161,3 +163,19 @@ def test_serve_hosts_the_relay_s_blueprint_or_an_app_named_module_attribute() ->
     ]:
         with pytest.raises(ConfigurationError, match=problem):
             load_app(spec)
+
+
+async def test_a_route_or_method_nobody_serves_is_answered_in_json() -> None:
+    binding = Binding(
+        "outbox_status", {"type": "httpTrigger", "route": "outbox/status", "methods": ["GET"]}, ok
+    )
+    app = http_app([binding], KEY)
+    async with test_utils.TestServer(app) as server, test_utils.TestClient(server) as client:
+        missing = await client.get("/api/nowhere")
+        assert (missing.status, missing.content_type) == (404, "application/json")
+        assert await missing.json() == {"error": "no such route: GET /api/nowhere"}
+        wrong = await client.delete("/api/outbox/status")
+        assert (wrong.status, wrong.headers["Allow"]) == (405, "GET")
+        assert await wrong.json() == {
+            "error": "DELETE is not allowed on /api/outbox/status; use GET"
+        }
