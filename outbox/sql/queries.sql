@@ -16,8 +16,9 @@ RETURNING outbox_message_id;
 -- $3 = whether a Failed message holds back later messages with its ordering key,
 -- $4 = the largest payload to return: a bigger one (only a row written by hand can be) comes back
 -- as NULL with its size, so a batch of them cannot fill the relay's memory.
--- While a row is Processing its next_attempt_at equals lease_expires_at, so the partial index
--- (next_attempt_at, created_at) serves both halves of the seed's condition in one ordered scan.
+-- A row's due time is next_attempt_at while Pending and lease_expires_at while Processing (a
+-- lease expired by hand takes effect at once); the partial index over that expression
+-- (outbox_messages_due_idx) serves both halves of the seed's condition in one ordered scan.
 -- A Processing row without any lease (set by hand) belongs to no worker: it is claimable too.
 -- A keyed row is due only when no earlier row with its key is still waiting; one that waits
 -- behind a message that is not being delivered (Pending, or Failed where that holds the key) is
@@ -39,12 +40,16 @@ WITH due AS (
         LIMIT 1
     ) AS before ON true
     WHERE m.status IN ('Pending', 'Processing')
-      AND m.next_attempt_at <= now()
-      AND (m.status = 'Pending' OR m.lease_expires_at IS NULL OR m.lease_expires_at <= now())
+      AND (CASE WHEN m.status = 'Processing'
+                THEN COALESCE(m.lease_expires_at, '-infinity'::timestamptz)
+                ELSE m.next_attempt_at END) <= now()
       -- Free, or waiting behind a message that is not in flight (parked below); one whose
       -- predecessor is being delivered is left for a later lease.
       AND (before.outbox_message_id IS NULL OR before.status <> 'Processing')
-    ORDER BY m.next_attempt_at, m.created_at
+    ORDER BY (CASE WHEN m.status = 'Processing'
+                   THEN COALESCE(m.lease_expires_at, '-infinity'::timestamptz)
+                   ELSE m.next_attempt_at END),
+             m.created_at
     FOR UPDATE OF m SKIP LOCKED
     LIMIT $1
 ),

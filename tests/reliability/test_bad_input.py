@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from outbox import store
 from outbox.outcomes import MAX_ERROR_CHARS
 from tests.support.instrumented_relay import memory_growth_kib
-from tests.support.outbox_helpers import open_relay, row
+from tests.support.outbox_helpers import open_relay, row, seed
 from tests.support.receiver import Receiver
 from tests.support.relay_process import relay_env, run_relay
 
@@ -30,6 +31,25 @@ async def test_a_processing_row_without_a_lease_is_leased_and_delivered(
     assert [r.webhook_id for r in receiver.requests] == [str(message_id)]
     stored = await row(db, message_id)
     assert (stored["status"], stored["attempt_count"]) == ("Processed", 1)
+
+
+async def test_a_lease_expired_by_hand_takes_effect_at_once(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    [message_id] = await seed(db)
+    # A worker leased it for an hour and is stuck; the operator ends its lease by hand, setting
+    # only the lease's own deadline (next_attempt_at still shows the hour).
+    await store.lease_batch(db, 10, 3600)
+    await db.execute(
+        "UPDATE outbox_messages SET lease_expires_at = now() WHERE outbox_message_id = $1",
+        message_id,
+    )
+    async with open_relay(make_settings()) as relay:
+        summary = await relay.processor.execute()
+    assert summary.processed == 1
+    assert [r.webhook_id for r in receiver.requests] == [str(message_id)]
+    stored = await row(db, message_id)
+    assert (stored["status"], stored["attempt_count"]) == ("Processed", 2)
 
 
 async def test_huge_rows_written_by_hand_fail_without_being_loaded_into_the_relay(
