@@ -147,9 +147,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.plot:
         report.plot(args.plot, doc)
         log(f"plot: {args.plot}")
-    print(report.table(doc))
     if args.smoke:
+        # Tiny sizes on a shared machine: the figures mean nothing, so no target is judged.
         log("smoke run passed: every contender delivered every message")
+    else:
+        print(report.table(doc))
 
 
 if __name__ == "__main__":

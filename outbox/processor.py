@@ -458,7 +458,8 @@ def log_outcome(record: Recorded, *, applied: bool) -> None:
     if not applied:
         level, label = logging.WARNING, "Stale"
     elif outcome.not_attempted:
-        level, label = logging.INFO, "Released"
+        # One line per run says how many were given back (its summary's released).
+        level, label = logging.DEBUG, "Released"
     else:
         level, label = _OUTCOME_LEVELS[outcome.status], str(outcome.status)
     if not delivery_logger.isEnabledFor(level):

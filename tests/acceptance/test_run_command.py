@@ -6,18 +6,24 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
+import shlex
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import aiohttp
+import asyncpg
 import pytest
 
 from outbox.local import claim
+from tests.support import pg
 from tests.support.azure import free_port
-from tests.support.outbox_helpers import ROOT, run_cli
+from tests.support.outbox_helpers import ROOT, run_cli, seed
 from tests.support.processes import Child
+from tests.support.receiver import Receiver, Reply
 
 
 def processes_mentioning(text: str) -> list[str]:
@@ -110,3 +116,106 @@ async def test_a_second_run_command_in_the_same_folder_refuses_and_leaves_the_fi
     assert f"error: make run is already running with its data in {tmp_path}" in result.stderr
     assert run_env.read_text() == "export OUTBOX_LOCAL_PID=1\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.env", "run.lock"]
+
+
+@pytest.mark.parametrize(
+    ("database", "message"),
+    [
+        ("unreachable", "error: database: ConnectionRefusedError: "),
+        ("missing", 'error: database: InvalidCatalogNameError: database "no_such_db_'),
+    ],
+)
+async def test_run_command_stops_with_one_line_when_the_database_cannot_be_used(
+    tmp_path: Path, admin_dsn: str, database: str, message: str
+) -> None:
+    if database == "unreachable":
+        url = f"postgresql://relay:pw-in-url@127.0.0.1:{free_port()}/x"
+    else:
+        url = pg.with_database(admin_dsn, f"no_such_db_{os.getpid()}")
+    result = await asyncio.to_thread(run_command, tmp_path, OUTBOX_DATABASE_URL=url)
+    assert result.returncode == 2
+    assert result.stderr.startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert "pw-in-url" not in result.stdout + result.stderr
+    assert "outbox relay running" not in result.stdout
+
+
+async def test_run_command_refuses_a_port_in_use_before_saying_it_runs(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {"PATH": os.environ["PATH"], "OUTBOX_LOCAL_DIR": str(tmp_path)}
+        result = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "outbox.local", "--in-process", "--port", str(port)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert result.returncode == 2
+    assert result.stderr == (
+        f"error: port {port} is in use on 127.0.0.1; choose another: make run RUN_ARGS='--port N'\n"
+    )
+    assert "outbox relay running" not in result.stdout
+
+
+def test_make_run_adds_no_line_of_its_own_after_a_clean_error(tmp_path: Path) -> None:
+    url = f"postgresql://relay:pw@127.0.0.1:{free_port()}/x"
+    env = {
+        "PATH": os.environ["PATH"],
+        "OUTBOX_LOCAL_DIR": str(tmp_path),
+        "OUTBOX_DATABASE_URL": url,
+    }
+    result = subprocess.run(
+        ["make", "--no-print-directory", "run"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    lines = (result.stdout + result.stderr).strip().splitlines()
+    assert lines[-1].startswith("error: database: ConnectionRefusedError"), lines
+    assert not [line for line in lines if line.startswith("make:")]
+
+
+@pytest.mark.slow
+async def test_ctrl_c_during_a_burst_reports_what_it_gave_back_in_one_line(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    receiver.script("/slow", then=Reply(200, delay=0.2))
+    port = free_port()
+    env = {
+        "OUTBOX_LOCAL_DIR": str(tmp_path),
+        "OUTBOX_WEBHOOKS": json.dumps({"OrderCompleted": {"url": receiver.url("/slow")}}),
+        "OUTBOX_CONCURRENCY": "2",
+    }
+    run = await Child.start("outbox.local", "--in-process", "--port", str(port), env=env)
+    try:
+        await run.wait_for_line(r"serving 6 functions", timeout=120)
+        await run_cli("enqueue", "OrderCompleted", '{"burst": 0}', env=env)
+        url = run_env_url(tmp_path)
+        conn = await asyncpg.connect(url)
+        try:
+            await seed(conn, 200)
+        finally:
+            await conn.close()
+        await run_cli("enqueue", "OrderCompleted", '{"burst": 1}', env=env)  # its hint
+        await receiver.wait_for(10, path="/slow", timeout=60)
+        assert await run.stop(signal.SIGINT) == 0
+    finally:
+        await run.kill()
+    summaries = [line for line in run.lines if "outbox.drain trigger=queue" in line]
+    assert any(int(re.search(r"released=(\d+)", line)[1]) > 0 for line in summaries), run.output
+    assert "outcome=Released" not in run.output
+
+
+def run_env_url(folder: Path) -> str:
+    words = shlex.split((folder / "run.env").read_text())
+    values = dict(word.partition("=")[::2] for word in words if word != "export")
+    return values["OUTBOX_DATABASE_URL"]
