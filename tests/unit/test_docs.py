@@ -1,0 +1,45 @@
+"""The front page stays a front page, and the documentation stays true to the code."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from outbox.settings import Settings, env_name
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def test_the_configuration_page_lists_exactly_the_settings() -> None:
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    table = [line for line in text.splitlines() if line.startswith("| `")]
+    listed = [re.match(r"\| `([^`]+)`", line)[1] for line in table]  # type: ignore[index]
+    assert sorted(listed) == sorted(env_name(field) for field in Settings.model_fields)
+
+
+def test_the_readme_is_a_front_page() -> None:
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 250
+
+
+def test_every_relative_link_of_the_documentation_leads_somewhere() -> None:
+    for page in DOCS:
+        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target:
+                continue
+            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)}: {target}"
+
+
+def test_every_anchor_of_the_documentation_names_a_heading() -> None:
+    for page in DOCS:
+        for target, anchor in re.findall(r"\]\(([^)#\s]*)#([^)]+)\)", page.read_text()):
+            linked = page if not target else page.parent / target
+            headings = re.findall(r"^#+ (.+)$", linked.read_text(), re.MULTILINE)
+            slugs = {_slug(h) for h in headings}
+            assert anchor in slugs, f"{page.relative_to(ROOT)}: {target}#{anchor}"
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
+    return text.replace(" ", "-")
