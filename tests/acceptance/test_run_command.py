@@ -70,10 +70,12 @@ async def test_run_command_delivers_an_enqueued_event_and_stops_everything(tmp_p
     assert processes_mentioning(str(tmp_path)) == []
 
 
-def run_command(folder: Path, **settings: str) -> subprocess.CompletedProcess[str]:
+def run_command(
+    folder: Path, port: int | None = None, **settings: str
+) -> subprocess.CompletedProcess[str]:
     env = {"PATH": os.environ["PATH"], "OUTBOX_LOCAL_DIR": str(folder), **settings}
     return subprocess.run(
-        [sys.executable, "-m", "outbox.local", "--in-process", "--port", str(free_port())],
+        [sys.executable, "-m", "outbox.local", "--in-process", "--port", str(port or free_port())],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -145,17 +147,7 @@ async def test_run_command_refuses_a_port_in_use_before_saying_it_runs(tmp_path:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        env = {"PATH": os.environ["PATH"], "OUTBOX_LOCAL_DIR": str(tmp_path)}
-        result = await asyncio.to_thread(
-            subprocess.run,
-            [sys.executable, "-m", "outbox.local", "--in-process", "--port", str(port)],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
+        result = await asyncio.to_thread(run_command, tmp_path, port)
     assert result.returncode == 2
     assert result.stderr == (
         f"error: port {port} is in use on 127.0.0.1; choose another: make run RUN_ARGS='--port N'\n"

@@ -9,21 +9,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from typing import Self
 
 Answer = Callable[[asyncio.StreamWriter, "RawServer"], Awaitable[None]]
 
 
-class RawServer:
-    def __init__(self, answer: Answer) -> None:
-        self.answer = answer
+class _TcpServer:
+    """A server on a free port of 127.0.0.1 whose connection handlers stop with it."""
+
+    def __init__(self) -> None:
         self.port = 0
-        self.requests = 0  # complete requests read
-        self.bytes_sent = 0  # answer bytes the client accepted (written and drained)
-        self.closed_by_client = 0  # answers cut short because the client went away
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def start(self) -> RawServer:
+    async def start(self) -> Self:
         self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
         return self
@@ -37,6 +36,18 @@ class RawServer:
 
     def url(self, path: str = "/hook") -> str:
         return f"http://127.0.0.1:{self.port}{path}"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raise NotImplementedError
+
+
+class RawServer(_TcpServer):
+    def __init__(self, answer: Answer) -> None:
+        super().__init__()
+        self.answer = answer
+        self.requests = 0  # complete requests read
+        self.bytes_sent = 0  # answer bytes the client accepted (written and drained)
+        self.closed_by_client = 0  # answers cut short because the client went away
 
     async def send(self, writer: asyncio.StreamWriter, data: bytes) -> None:
         """Write and wait until the client has taken the bytes (raises once it has gone)."""
@@ -112,7 +123,7 @@ def endless_body_answer(status: int, total_bytes: int, chunk: bytes = b"x" * 655
 STRAY_RESPONSE = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"
 
 
-class StrayServer:
+class StrayServer(_TcpServer):
     """A keep-alive HTTP/1.1 server that, after some answers, sends a second response nobody
     asked for: ``HTTP/1.1 200`` on the same connection, ``delay`` seconds after the real one.
 
@@ -121,28 +132,11 @@ class StrayServer:
     """
 
     def __init__(self, answers: dict[str, list[int]], stray: dict[str, float]) -> None:
+        super().__init__()
         self.answers = answers
         self.stray = stray
         self.requests: list[str] = []  # the path of each request, in order
         self.strays_sent = 0
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    async def start(self) -> StrayServer:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self.port = self._server.sockets[0].getsockname()[1]
-        return self
-
-    async def stop(self) -> None:
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def url(self, path: str) -> str:
-        return f"http://127.0.0.1:{self.port}{path}"
 
     def _status(self, path: str) -> int:
         seen = self.requests.count(path)
