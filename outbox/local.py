@@ -45,7 +45,7 @@ from outbox.migrate import migrate
 from outbox.redact import Redactor
 from outbox.runenv import local_dir, run_env_path, run_env_values, write_private, write_run_env
 from outbox.serve import DEFAULT_PORT, ServeOptions, install_stop_signals, load_app, serve
-from outbox.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
+from outbox.settings import DEFAULT_QUEUE_NAME, Settings
 from outbox.wakeup import close_queue_client, make_queue_client
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,13 +195,14 @@ def claim(folder: Path) -> IO[str] | None:
     return handle
 
 
-async def check_settings() -> None:
+async def check_settings() -> Settings:
     """Stop on a bad value before anything starts; what ``make run`` fills in itself is fine."""
     fill = {} if os.environ.get("OUTBOX_DATABASE_URL") else {"database_url": "postgresql:///outbox"}
     settings = Settings.load(**fill)
     if settings.has_queue:
         # A malformed connection string would otherwise surface only once the functions run.
         await close_queue_client(make_queue_client(settings))
+    return settings
 
 
 def settings_with(chosen: Mapping[str, str]) -> Settings:
@@ -234,12 +235,12 @@ async def start(args: argparse.Namespace) -> int:
             "or give this one another folder with OUTBOX_LOCAL_DIR"
         )
     with lock:
-        await check_settings()
+        given = await check_settings()
         check_port(args.port)
-        return await _start(args, folder)
+        return await _start(args, folder, has_queue=given.has_queue)
 
 
-async def _start(args: argparse.Namespace, folder: Path) -> int:
+async def _start(args: argparse.Namespace, folder: Path, *, has_queue: bool) -> int:
     chosen: dict[str, str] = {}  # what this run fills in, by app-setting name
     described: list[str] = []
     with contextlib.ExitStack() as processes:
@@ -252,7 +253,7 @@ async def _start(args: argparse.Namespace, folder: Path) -> int:
         # First of all: an unreachable or missing database stops it before anything else starts.
         await _migrate(chosen.get("OUTBOX_DATABASE_URL") or os.environ["OUTBOX_DATABASE_URL"])
         chosen["OUTBOX_QUEUE_NAME"] = os.environ.get("OUTBOX_QUEUE_NAME") or DEFAULT_QUEUE_NAME
-        if not QueueSettings.load().has_queue:
+        if not has_queue:
             chosen["AzureWebJobsStorage"] = processes.enter_context(azurite(folder / "azurite"))
             described.append(f"queue      Azurite, data in {folder / 'azurite'}")
         described.append(f"           wake-up queue {chosen['OUTBOX_QUEUE_NAME']}")
