@@ -120,7 +120,7 @@ async def run_migrate(conn: Any, settings: Settings, args: argparse.Namespace) -
 
 async def run_drain(settings: Settings, args: argparse.Namespace) -> int:
     async with await Relay.open(settings) as relay:
-        summary = await relay.processor.execute(args.budget)
+        summary = await relay.drain(args.budget)
     emit(summary.as_dict())
     return EXIT_FAILED if summary.error else EXIT_OK
 
@@ -164,7 +164,10 @@ async def run_requeue(conn: Any, settings: Settings, args: argparse.Namespace) -
     }
     # Checked here to word its errors by the command's flags; requeue checks it again.
     wanted = requests.parse(requests.RequeueRequest, given, names=requests.FLAG_NAMES)
-    emit((await operations.requeue(conn, wanted.filter, dry_run=wanted.dry_run)).as_dict())
+    report = await operations.requeue(conn, wanted.filter, dry_run=wanted.dry_run)
+    if report.requeued and not wanted.dry_run and settings.has_queue:
+        await notify_once(settings)  # a drain takes them at once, not at the next sweep
+    emit(report.as_dict())
     return EXIT_OK
 
 

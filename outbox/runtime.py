@@ -11,10 +11,12 @@ from typing import Self
 
 from outbox import store
 from outbox.clock import DatabaseClock
+from outbox.models import DrainSummary
 from outbox.processor import OutboxProcessor
 from outbox.publisher import Publisher
 from outbox.resources import Closeable
 from outbox.settings import Settings
+from outbox.wakeups import WakeUps
 
 
 class Relay(Closeable):
@@ -28,6 +30,21 @@ class Relay(Closeable):
         self.publisher = publisher
         self.loop = asyncio.get_running_loop()
         self.processor = OutboxProcessor(pool, publisher.deliver, settings, clock=clock)
+        # Wake-up hints for what comes due later; none where no queue is configured.
+        self.wakeups = WakeUps(settings) if settings.has_queue else None
+
+    async def drain(
+        self, budget_seconds: float | None = None, *, until_caught_up: bool = False
+    ) -> DrainSummary:
+        """One run of the processor, then the wake-up hint the next run needs (if any)."""
+        summary = await self.processor.execute(budget_seconds, until_caught_up=until_caught_up)
+        if self.wakeups is not None:
+            await self.wakeups.after_run(self.pool, summary)
+        return summary
+
+    async def wake_now(self) -> bool:
+        """One wake-up hint at once (after a requeue), where a queue is configured."""
+        return await self.wakeups.wake_now() if self.wakeups is not None else False
 
     @classmethod
     async def open(cls, settings: Settings) -> Self:
@@ -36,6 +53,8 @@ class Relay(Closeable):
         return cls(settings, pool, Publisher.from_settings(settings, clock.time), clock)
 
     async def close(self) -> None:
+        if self.wakeups is not None:
+            await self.wakeups.close()
         await self.publisher.close()
         await self.pool.close()
 

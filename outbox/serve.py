@@ -48,8 +48,8 @@ from azure.functions.timer import TimerRequest
 from azure.storage.queue import QueueMessage as StoredMessage
 from azure.storage.queue.aio import QueueClient
 
-from outbox import functions, runtime
-from outbox.errors import ConfigurationError
+from outbox import functions, runtime, triggers
+from outbox.errors import ConfigurationError, describe
 from outbox.ncrontab import Schedule
 from outbox.redact import Redactor
 from outbox.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
@@ -412,6 +412,8 @@ async def serve(
         else "no OUTBOX_FUNCTION_KEY: keyed routes answer 401",
     )
     tasks = [asyncio.create_task(listener.run(stopping)) for listener in listeners]
+    # What waited while no relay ran is taken now, not at the first hint or sweep.
+    tasks.append(asyncio.create_task(_drain_at_startup(redact)))
     tasks += [
         asyncio.create_task(run_timer(b, stopping, redact))
         for b in bindings
@@ -428,6 +430,13 @@ async def serve(
             await listener.close()
         await runtime.close_shared_relay()
         logger.info("stopped")
+
+
+async def _drain_at_startup(redact: Redactor) -> None:
+    try:
+        await triggers.on_startup()
+    except Exception as exc:  # noqa: BLE001 - like a timer's failure: logged, the rest serves on
+        logger.error("start-up drain failed: %s", redact(describe(exc)))
 
 
 def install_stop_signals(stopping: asyncio.Event) -> None:

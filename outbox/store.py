@@ -165,6 +165,13 @@ async def lease_batch(
 
 
 @database_boundary
+async def next_due_in(conn: Connection) -> float | None:
+    """Seconds until the next Pending message comes due, if one waits for a time to come."""
+    due_in: float | None = await conn.fetchval(QUERIES["next_due_in"])
+    return due_in
+
+
+@database_boundary
 async def release_held(conn: Connection, *, hold_on_failure: bool = True) -> int:
     """Make due again the parked messages whose wait is over though nothing let them go (the
     message before them was deleted or changed by hand); returns how many."""

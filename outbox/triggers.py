@@ -17,7 +17,6 @@ from outbox.errors import BadRequestError, DatabaseError, DrainFailedError, Outb
 from outbox.logs import log_event
 from outbox.models import DrainSummary
 from outbox.runtime import shared_relay
-from outbox.wakeup import notify_once
 
 logger = logging.getLogger("outbox.triggers")
 P = ParamSpec("P")
@@ -34,18 +33,15 @@ async def drain(
 ) -> DrainSummary:
     """Run the shared processor once and log its summary."""
     relay = await shared_relay()
-    summary = await relay.processor.execute(budget_seconds, until_caught_up=until_caught_up)
+    summary = await relay.drain(budget_seconds, until_caught_up=until_caught_up)
     level = logging.ERROR if summary.error else logging.INFO
     log_event(logger, level, "outbox.drain", trigger=trigger, **summary.as_dict())
-    if (
-        summary.released
-        and summary.stopped_by in ("budget", "stopped")
-        and relay.settings.has_queue
-    ):
-        # Messages given back as the run ended are due now: a hint has the next drain take them
-        # (here or on another instance) instead of the next timer sweep.
-        await notify_once(relay.settings)
     return summary
+
+
+async def on_startup() -> DrainSummary:
+    """A host starting up (``outbox serve``): drain once, for what waited while none ran."""
+    return await drain("startup")
 
 
 async def on_hint(
@@ -146,6 +142,8 @@ async def on_requeue_request(body: bytes) -> HttpResult:
     log_event(
         logger, logging.INFO, "outbox.requeue", requeued=report.requeued, dry_run=wanted.dry_run
     )
+    if report.requeued and not wanted.dry_run:
+        await relay.wake_now()  # due now: a drain takes them at once, not at the next sweep
     return 200, report.as_dict()
 
 

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 # A hint is worth little after a few seconds; the business request that sent it must not wait long.
 NOTIFY_TIMEOUT_SECONDS = 5.0
+# The longest an Azure Storage queue keeps a message invisible after it is sent: seven days.
+MAX_DELAY_SECONDS = 7 * 24 * 3600
 _CLIENT_OPTIONS: dict[str, Any] = {
     # Base64, like the queue trigger expects by default: plain text would end in the poison queue.
     "message_encode_policy": TextBase64EncodePolicy(),
@@ -37,9 +39,14 @@ _CLIENT_OPTIONS: dict[str, Any] = {
 _RAW: dict[str, Any] = {"message_encode_policy": None, "message_decode_policy": None}
 
 
-def hint_message() -> str:
-    """The hint's content: when it was sent, and nothing about the business data."""
-    return json.dumps({"requestedAt": datetime.now(UTC).isoformat()})
+def hint_message(delay_seconds: int = 0) -> str:
+    """The hint's content: when it was sent (and, delayed, when it is meant to wake a relay),
+    nothing about the business data."""
+    sent = datetime.now(UTC)
+    content = {"requestedAt": sent.isoformat()}
+    if delay_seconds:
+        content["wakeAt"] = (sent + timedelta(seconds=delay_seconds)).isoformat()
+    return json.dumps(content)
 
 
 def make_queue_client(settings: QueueSettings, *, encoded: bool = True) -> QueueClient:
@@ -129,15 +136,16 @@ class WakeUpQueue(Closeable):
         )
         return cls(make_queue_client(settings), redact=Redactor(secrets), owns_credential=True)
 
-    async def notify(self) -> bool:
-        """Send one hint. Never raises: on failure it logs a warning and returns False.
+    async def notify(self, *, delay_seconds: int = 0) -> bool:
+        """Send one hint (invisible for ``delay_seconds``, at most seven days). Never raises: on
+        failure it logs a warning and returns False.
 
         The outbox row is already committed, so a lost hint only delays delivery until the
         next timer sweep.
         """
         try:
             async with asyncio.timeout(NOTIFY_TIMEOUT_SECONDS):
-                await self._send()
+                await self._send(min(max(delay_seconds, 0), MAX_DELAY_SECONDS))
         except Exception as exc:  # noqa: BLE001 - a hint must never fail the caller
             self.log_not_sent(exc, self._redact)
             return False
@@ -151,14 +159,15 @@ class WakeUpQueue(Closeable):
             (redact or Redactor([]))(f"{type(exc).__name__}: {exc}"),
         )
 
-    async def _send(self) -> None:
+    async def _send(self, delay_seconds: int) -> None:
+        visibility = {"visibility_timeout": delay_seconds} if delay_seconds else {}
         try:
-            await self.client.send_message(hint_message())
+            await self.client.send_message(hint_message(delay_seconds), **visibility)
         except ResourceNotFoundError:
             # First hint on a new storage account: create the queue, then send again.
             with contextlib.suppress(ResourceExistsError):
                 await self.client.create_queue()
-            await self.client.send_message(hint_message())
+            await self.client.send_message(hint_message(delay_seconds), **visibility)
 
     async def close(self) -> None:
         await close_queue_client(self.client, with_credential=self._owns_credential)

@@ -223,6 +223,27 @@ WHERE m.outbox_message_id = wait_over.outbox_message_id
   AND m.next_attempt_at = 'infinity'
 RETURNING m.outbox_message_id;
 
+-- next_due_in --
+-- Seconds until the next Pending message comes due (a retry, a Retry-After), if one is waiting
+-- for a time to come; parked ones wait for another message, not a time. The first such row of
+-- the due index after now().
+SELECT extract(epoch FROM (CASE WHEN status = 'Processing'
+                                THEN COALESCE(lease_expires_at, '-infinity'::timestamptz)
+                                ELSE next_attempt_at END) - now())::float8 AS due_in
+FROM outbox_messages
+WHERE status IN ('Pending', 'Processing')
+  AND (CASE WHEN status = 'Processing'
+            THEN COALESCE(lease_expires_at, '-infinity'::timestamptz)
+            ELSE next_attempt_at END) > now()
+  AND (CASE WHEN status = 'Processing'
+            THEN COALESCE(lease_expires_at, '-infinity'::timestamptz)
+            ELSE next_attempt_at END) < 'infinity'::timestamptz
+  AND status = 'Pending'
+ORDER BY (CASE WHEN status = 'Processing'
+               THEN COALESCE(lease_expires_at, '-infinity'::timestamptz)
+               ELSE next_attempt_at END)
+LIMIT 1;
+
 -- outcomes_written --
 -- Before an outcome write is retried after a lost reply: did it commit after all? $1 ids, $2 the
 -- lease tokens. The write is one statement, so it committed whole or not at all; applied lists the

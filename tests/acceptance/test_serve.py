@@ -55,6 +55,7 @@ async def served(serve_env: dict[str, str], tmp_path: Path) -> AsyncIterator[tup
     )
     try:
         await child.wait_for_line(r"serving 6 functions")
+        await child.wait_for_line(r"outbox\.drain trigger=startup")  # what waited, taken
         yield child, f"http://127.0.0.1:{port}/api/outbox"
     finally:
         await child.kill()

@@ -7,6 +7,7 @@ reusing the same pool, as a Functions worker would.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -19,14 +20,19 @@ import pytest
 from outbox.models import DrainSummary
 from outbox.processor import OutboxProcessor
 from outbox.publisher import Publisher
+from outbox.settings import QueueSettings
+from tests.support.azure import free_port
 from tests.support.outbox_helpers import (
     eventually,
     open_relay,
+    run_cli,
     seed,
     statuses,
     wait_for_leases_to_expire,
 )
+from tests.support.processes import Child
 from tests.support.receiver import Receiver, Reply
+from tests.support.relay_process import relay_env
 from tests.support.tcp_proxy import TcpProxy
 
 MESSAGES = 10
@@ -328,3 +334,44 @@ async def test_a_statement_that_times_out_ends_the_run_with_an_error_that_says_s
         "(the database or peer is overloaded, locked or unreachable)"
     )
     assert await statuses(db) == {"Pending": 1}
+
+
+@pytest.mark.slow
+async def test_a_database_that_comes_back_is_drained_within_a_minute_without_the_sweep(
+    db: Any,
+    database_url: str,
+    receiver: Receiver,
+    proxy: TcpProxy,
+    queue_settings: QueueSettings,
+    webhooks: dict[str, Any],
+) -> None:
+    assert queue_settings.queue_connection is not None
+    storage = {
+        "AzureWebJobsStorage": queue_settings.queue_connection.get_secret_value(),
+        "OUTBOX_QUEUE_NAME": queue_settings.queue_name,
+    }
+    env = relay_env(through(proxy, database_url), webhooks) | storage
+    proxy.down()
+    # The relay has no timers: only a wake-up hint can bring it back to the rows.
+    serve = await Child.start(
+        "outbox", "serve", "--port", str(free_port()), "--app",
+        "tests.support.sweepless_app:app", env=env,
+    )  # fmt: skip
+    try:
+        await serve.wait_for_line(r"outbox\.drain trigger=startup .*stopped_by=error")
+        # A producer commits (its own connection works) and sends its hint: that run fails too.
+        producer_env = {"OUTBOX_DATABASE_URL": database_url} | storage
+        sent = await run_cli("enqueue", "OrderCompleted", '{"orderId": 1}', env=producer_env)
+        assert json.loads(sent.stdout)["hint_sent"] is True
+        await serve.wait_for_line(r"outbox\.drain trigger=queue .*stopped_by=error")
+        proxy.up()
+        # Each failed run left a hint due 30 s later; the first that comes finds it back.
+        await receiver.wait_for(1, timeout=60)
+
+        async def recorded() -> bool:
+            return await statuses(db) == {"Processed": 1}
+
+        await eventually(recorded)
+    finally:
+        await serve.kill()
+    assert [r.json["data"] for r in receiver.requests] == [{"orderId": 1}]

@@ -139,3 +139,13 @@ async def wait_for_leases_to_expire(conn: Any, timeout: float = 30) -> None:
         ),
         timeout,
     )
+
+
+async def queued_hints(queue_settings: QueueSettings) -> int:
+    """Every hint on the queue, visible or not yet (the queue's approximate count)."""
+    async with WakeUpQueue.from_settings(queue_settings) as queue:
+        try:
+            properties = await queue.client.get_queue_properties()
+        except ResourceNotFoundError:
+            return 0
+    return int(properties.approximate_message_count or 0)

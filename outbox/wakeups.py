@@ -1,0 +1,92 @@
+"""When the relay should run next, and the wake-up hints that make it run then.
+
+A retry is due 10 s, 20 s, 40 s … after its failure, and a ``Retry-After`` at a time of the
+receiver's choosing; without more, only the five-minute sweep would come back for it. So after
+each run the relay asks the database when the next Pending message comes due and sends one
+wake-up hint that stays invisible until then: an Azure Storage queue takes a visibility timeout
+on send, up to seven days (until the retry's nominal time, in fact: a retry is jittered up to a
+tenth earlier, and those that failed together are woken together). At most one such hint per
+run, and none while a hint this process sent already wakes a run by then: the run it wakes
+handles what is due and schedules the next.
+
+After a run that gave messages back at its end (its budget spent, the relay stopping) one hint
+is sent at once, so that another drain takes them; after a run that ended on a database error,
+one in 30 s, so that a database that comes back is drained within a minute. A hint that cannot
+be sent is a warning, never the run's error: the sweep still finds the row. Where no queue is
+configured nothing is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from outbox import store
+from outbox.backoff import JITTER_FRACTION
+from outbox.errors import DatabaseError
+from outbox.models import DrainSummary
+from outbox.resources import Closeable
+from outbox.settings import QueueSettings
+from outbox.wakeup import MAX_DELAY_SECONDS, WakeUpQueue
+
+logger = logging.getLogger(__name__)
+
+# After a run that ended on a database error: when to try again.
+DATABASE_RETRY_SECONDS = 30
+# A hint already due at most this much after the time wanted covers it (it is polled anyway).
+COVER_SLACK_SECONDS = 1.0
+
+
+class WakeUps(Closeable):
+    """The process's wake-up hints: its queue client and the delayed hints it has sent."""
+
+    def __init__(self, settings: QueueSettings) -> None:
+        self._settings = settings
+        self._queue: WakeUpQueue | None = None
+        # When each delayed hint this process sent becomes visible (monotonic), until then.
+        self._scheduled: list[float] = []
+
+    async def after_run(self, pool: store.Connection, summary: DrainSummary) -> None:
+        """Wake the next run when it is needed: now, after a database error, or when the next
+        message comes due."""
+        if summary.stopped_by == "error":
+            await self.wake_in(DATABASE_RETRY_SECONDS)
+            return
+        if summary.released and summary.stopped_by in ("budget", "stopped"):
+            await self.wake_now()
+        try:
+            due_in = await store.next_due_in(pool)
+        except DatabaseError as exc:
+            logger.warning("outbox: when the next message comes due is unknown: %s", exc.kind)
+            return
+        if due_in is not None:
+            # A retry lands up to a tenth before its nominal delay (jitter): waking at the
+            # earliest one's nominal time takes those that failed with it in the same run.
+            await self.wake_in(due_in / (1 - JITTER_FRACTION))
+
+    async def wake_now(self) -> bool:
+        """One hint, visible at once (requeued messages, messages given back)."""
+        return await self._queue_client().notify()
+
+    async def wake_in(self, seconds: float) -> bool:
+        """One hint visible in ``seconds`` (rounded up to whole seconds, at least one), unless
+        a hint this process sent is visible by then already. Whether one was sent."""
+        delay = min(max(math.ceil(seconds), 1), MAX_DELAY_SECONDS)
+        now = time.monotonic()
+        self._scheduled = [at for at in self._scheduled if at > now]
+        if any(at <= now + delay + COVER_SLACK_SECONDS for at in self._scheduled):
+            return False
+        sent = await self._queue_client().notify(delay_seconds=delay)
+        if sent:
+            self._scheduled.append(now + delay)
+        return sent
+
+    def _queue_client(self) -> WakeUpQueue:
+        if self._queue is None:
+            self._queue = WakeUpQueue.from_settings(self._settings)
+        return self._queue
+
+    async def close(self) -> None:
+        if self._queue is not None:
+            await self._queue.close()
