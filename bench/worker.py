@@ -24,7 +24,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.common import SECRET, body, relay_settings
+from bench.common import EVENT_TYPE, SECRET, body, relay_settings
 from outbox import store
 from outbox.outcomes import classify
 from outbox.publisher import Publisher, build_headers, make_session
@@ -122,13 +122,14 @@ async def run_seed(args: argparse.Namespace) -> dict[str, Any]:
     settings = relay_settings(args.database_url, args.url, args.concurrency)
     conn = await asyncpg.connect(args.database_url)
     publisher = Publisher.from_settings(settings)
+    [endpoint] = settings.endpoints[EVENT_TYPE]
     delivered = 0
     try:
         started = time.monotonic()
         while batch := (await store.lease_batch(conn, 100, settings.lease_seconds)).messages:
             for message in batch:
                 outcome = classify(
-                    await publisher.deliver(message),
+                    await publisher.deliver(message, endpoint),
                     attempt=message.attempt,
                     max_attempts=settings.max_attempts,
                     now=datetime.now(UTC),

@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     requeue = commands.add_parser("requeue", help="set Failed messages back to Pending")
     requeue.add_argument("--id", dest="ids", action="append", type=uuid.UUID, metavar="UUID")
     requeue.add_argument("--event-type")
+    requeue.add_argument("--endpoint", help="the Failed messages of this endpoint, for it alone")
     requeue.add_argument("--created-from", type=datetime.fromisoformat, metavar="ISO8601")
     requeue.add_argument("--created-to", type=datetime.fromisoformat, metavar="ISO8601")
     requeue.add_argument("--all-failed", action="store_true", help="every Failed message")
@@ -160,6 +161,7 @@ async def run_requeue(conn: Any, settings: Settings, args: argparse.Namespace) -
         "created_from": args.created_from,
         "created_to": args.created_to,
         "all_failed": args.all_failed,
+        "endpoint": args.endpoint,
         "dry_run": args.dry_run,
     }
     # Checked here to word its errors by the command's flags; requeue checks it again.

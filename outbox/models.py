@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -33,9 +34,12 @@ class LeasedMessage:
     lease_token: UUID
     created_at: datetime
     ordering_key: str | None = None
+    # Where each endpoint stands, kept only while they differ (None: as the row says).
+    endpoint_state: Mapping[str, EndpointState] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> LeasedMessage:
+        state = row.get("endpoint_state")
         return cls(
             message_id=row["outbox_message_id"],
             event_type=row["event_type"],
@@ -45,7 +49,31 @@ class LeasedMessage:
             lease_token=row["lease_token"],
             created_at=row["created_at"],
             ordering_key=row["ordering_key"],
+            endpoint_state=EndpointState.parse_map(state) if state else None,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointState:
+    """Where one endpoint of a message stands: its status, attempts and last error."""
+
+    status: Status  # Pending, Processed or Failed
+    attempts: int = 0
+    error: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        shown: dict[str, Any] = {"status": str(self.status), "attempts": self.attempts}
+        if self.error is not None:
+            shown["error"] = self.error
+        return shown
+
+    @classmethod
+    def parse_map(cls, text: str) -> dict[str, EndpointState]:
+        """The ``endpoint_state`` column's JSON text, endpoint by endpoint."""
+        return {
+            name: cls(Status(state["status"]), int(state.get("attempts", 0)), state.get("error"))
+            for name, state in json.loads(text).items()
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,9 +102,11 @@ class Undeliverable:
 
 @dataclass(frozen=True, slots=True)
 class NotAttempted:
-    """The delivery never started (lease too short to finish, or the run was stopped)."""
+    """The delivery never started (lease too short to finish, the run stopped, the endpoint's
+    breaker open); due again in ``retry_in`` seconds, the attempt not counted."""
 
     reason: str
+    retry_in: float = 0.0
 
 
 DeliveryResult = Response | TransportError | Undeliverable | NotAttempted
@@ -102,12 +132,24 @@ class Outcome:
 
 
 @dataclass(frozen=True, slots=True)
+class Delivered:
+    """One endpoint's part of a message's outcome: its attempt and what it came to."""
+
+    endpoint: str | None  # None: no endpoint was configured for the event type
+    number: int  # the endpoint's attempt number: 1 on its first delivery
+    attempt: Attempt
+    outcome: Outcome
+
+
+@dataclass(frozen=True, slots=True)
 class Recorded:
-    """What ``record_outcomes`` writes for one leased message."""
+    """What ``record_outcomes`` writes for one leased message: the message's outcome (its
+    endpoints' together), each endpoint's, and where they stand when they differ."""
 
     message: LeasedMessage
     outcome: Outcome
-    attempt: Attempt
+    deliveries: tuple[Delivered, ...]
+    endpoint_state: Mapping[str, EndpointState] | None = None
 
 
 @dataclass(slots=True)

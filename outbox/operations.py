@@ -102,6 +102,7 @@ async def requeue(conn: store.Connection, wanted: RequeueFilter, *, dry_run: boo
         wanted.created_to,
         dry_run=dry_run,
         listed=MAX_LISTED_IDS,
+        endpoint=wanted.endpoint,
     )
     return RequeueReport(found.total, dry_run, [str(i) for i in found.first_ids])
 

@@ -1,23 +1,32 @@
 """Turn what happened on the wire into what is written back: the one place outcomes are decided.
 
+Per endpoint (``classify``):
+
 - 2xx                                     -> Processed
-- transport error, 408, 429, 5xx          -> Pending after a backoff (or Retry-After), until the
-                                             attempts run out -> Failed
-- any other status (3xx: redirects are not followed; 4xx), no endpoint, unsendable payload
-                                          -> Failed at once
-- never attempted (lease too short, run stopped) -> Pending, due now, attempt not counted
+- 410 Gone (the receiver says "stop"), a status of the endpoint's ``final_statuses``, no
+  endpoint for the event type, a payload that cannot be sent   -> Failed at once
+- any other answer (3xx: redirects are not followed; 4xx; 5xx), a transport error
+                                          -> Pending after a backoff (or Retry-After), until the
+                                             endpoint's attempts run out -> Failed
+- never attempted (lease too short, run stopped, breaker open) -> Pending, the attempt not counted
+
+Per message (``aggregate``): Processed once every endpoint is; Failed once an endpoint failed for
+good and the others are done; Pending while any endpoint still waits (due with the earliest).
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
 from outbox.backoff import parse_retry_after, retry_delay
 from outbox.models import (
+    Delivered,
     DeliveryResult,
+    EndpointState,
+    LeasedMessage,
     NotAttempted,
     Outcome,
     Response,
@@ -29,7 +38,10 @@ from outbox.text import escape_controls, storable
 
 MAX_ERROR_CHARS = 500
 MAX_SNIPPET_CHARS = 512
-RETRYABLE_STATUSES = frozenset({408, 429})
+GONE = 410
+# Answers that say the endpoint is unwell (not merely refusing this message): they count
+# towards its circuit breaker, like transport errors.
+UNWELL_STATUSES = frozenset({408, 429})
 
 
 def classify(
@@ -38,12 +50,13 @@ def classify(
     attempt: int,
     max_attempts: int,
     now: datetime,
+    final_statuses: Sequence[int] = (),
     rand: Callable[[], float] = random.random,
 ) -> Outcome:
-    """The outcome of the ``attempt``-th delivery of a message (pure: no I/O, no clock)."""
+    """The outcome of the ``attempt``-th delivery to an endpoint (pure: no I/O, no clock)."""
     match result:
-        case NotAttempted():
-            return Outcome(Status.PENDING, 0.0, None, not_attempted=True)
+        case NotAttempted(retry_in=retry_in):
+            return Outcome(Status.PENDING, retry_in, None, not_attempted=True)
         case Undeliverable(reason=reason):
             return Outcome(Status.FAILED, error=bounded(reason))
         case TransportError(description=description):
@@ -52,13 +65,89 @@ def classify(
             return Outcome(Status.PROCESSED)
         case Response(status=status, snippet=snippet, retry_after=header):
             error = describe_response(status, snippet)
-            if status in RETRYABLE_STATUSES or 500 <= status < 600:
-                wait = parse_retry_after(header, now)
-                return _retry(error, attempt, max_attempts, wait, rand)
             if 300 <= status < 400:
-                error = f"{error} (redirects are not followed: configure the final URL)"
-            return Outcome(Status.FAILED, error=bounded(error))
+                error = f"{error} (redirects are not followed: update the endpoint's URL)"
+            if status == GONE or status in final_statuses:
+                return Outcome(Status.FAILED, error=bounded(error))
+            wait = parse_retry_after(header, now)
+            return _retry(error, attempt, max_attempts, wait, rand)
     raise TypeError(f"not a delivery result: {result!r}")  # pragma: no cover - exhaustive above
+
+
+def unwell(result: DeliveryResult) -> bool | None:
+    """Whether ``result`` counts against the endpoint's breaker (True), clears it (False: the
+    endpoint answered), or says nothing of it (None: never sent)."""
+    match result:
+        case TransportError():
+            return True
+        case Response(status=status):
+            return status in UNWELL_STATUSES or status >= 500
+    return None
+
+
+def aggregate(
+    message: LeasedMessage, deliveries: Sequence[Delivered], endpoints: Sequence[str]
+) -> tuple[Outcome, dict[str, EndpointState] | None]:
+    """The message's outcome from its endpoints' this time and before, and where the endpoints
+    stand afterwards (None when they stand alike, as the row says: nothing to keep)."""
+    if not endpoints:  # nothing to deliver to: the one outcome says why
+        return deliveries[0].outcome, None
+    states, due = _states(message, deliveries, endpoints)
+    attempted = any(not d.outcome.not_attempted for d in deliveries)
+    pending = [name for name in endpoints if states[name].status is Status.PENDING]
+    error = _error(deliveries, states, len(endpoints) > 1)
+    if pending:
+        delay = min(due.get(name, 0.0) for name in pending)
+        outcome = Outcome(Status.PENDING, delay, error, not_attempted=not attempted)
+    elif any(state.status is Status.FAILED for state in states.values()):
+        outcome = Outcome(Status.FAILED, error=error)
+    else:
+        return Outcome(Status.PROCESSED), None
+    attempts_after = message.attempt - (0 if attempted else 1)
+    alike = all(
+        state.status is Status.PENDING and state.attempts == attempts_after
+        for state in states.values()
+    )
+    return outcome, None if alike else states
+
+
+def _states(
+    message: LeasedMessage, deliveries: Sequence[Delivered], endpoints: Sequence[str]
+) -> tuple[dict[str, EndpointState], dict[str, float]]:
+    """Each endpoint's state after this time, and when each pending one is due (seconds)."""
+    prior: Mapping[str, EndpointState] = message.endpoint_state or {}
+    # Without a kept state every endpoint was where the row is: tried at every earlier lease.
+    before = 0 if message.endpoint_state else message.attempt - 1
+    states = {name: prior.get(name) or EndpointState(Status.PENDING, before) for name in endpoints}
+    due: dict[str, float] = {}
+    for delivered in deliveries:
+        name, outcome = delivered.endpoint, delivered.outcome
+        if name is None or name not in states:
+            continue
+        if outcome.not_attempted:
+            due[name] = outcome.delay_seconds
+            continue
+        states[name] = EndpointState(outcome.status, delivered.number, outcome.error)
+        due[name] = outcome.delay_seconds
+    return states, due
+
+
+def _error(
+    deliveries: Sequence[Delivered], states: Mapping[str, EndpointState], named: bool
+) -> str | None:
+    """The message's last_error: its first endpoint's error this time (named, when it has
+    several), else a failed endpoint's from before."""
+    for delivered in deliveries:
+        if delivered.outcome.error is not None and not delivered.outcome.not_attempted:
+            return _named(delivered.endpoint, delivered.outcome.error, named)
+    for name, state in states.items():
+        if state.status is Status.FAILED and state.error is not None:
+            return _named(name, state.error, named)
+    return None
+
+
+def _named(endpoint: str | None, error: str, named: bool) -> str:
+    return bounded(f"{endpoint}: {error}") if named and endpoint else error
 
 
 def _retry(

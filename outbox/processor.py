@@ -1,10 +1,12 @@
 """The one processor every trigger and host runs: lease a batch, deliver it, record the outcomes.
 
 ``execute()`` drains: it leases batches until nothing is due or its time budget is spent. The next
-batch is leased while the current one is still being delivered, so the HTTP slots stay busy.
-``OUTBOX_CONCURRENCY`` delivery loops, started once per run, take the leased messages in order
-(no task per message). Each batch's outcomes are written in one statement, fenced by the lease
-token, and shielded from cancellation.
+batch is leased while the current one is still being delivered, so the HTTP slots stay busy. A
+leased message becomes one delivery per endpoint of its event type that still waits for it.
+``OUTBOX_CONCURRENCY`` delivery loops, started once per run, take the deliveries endpoint by
+endpoint in turn, each endpoint only while it has room (its ``max_concurrency``) and its breaker
+lets it; a dead endpoint's deliveries never hold the loops from a healthy one's. Each batch's
+outcomes are written in one statement, fenced by the lease token, and shielded from cancellation.
 """
 
 from __future__ import annotations
@@ -12,18 +14,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections import deque
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from outbox import store
 from outbox.admission import Admission
+from outbox.breakers import PROBE, SEND, Breakers, Key
 from outbox.clock import DatabaseClock
 from outbox.errors import DatabaseError, describe
 from outbox.logs import log_event
 from outbox.models import (
     Attempt,
+    Delivered,
     DeliveryResult,
     DrainSummary,
     LeasedMessage,
@@ -33,10 +38,11 @@ from outbox.models import (
     Response,
     Status,
     TransportError,
+    Undeliverable,
 )
-from outbox.outcomes import classify
+from outbox.outcomes import aggregate, classify, unwell
 from outbox.redact import Redactor
-from outbox.settings import LEASE_SAFETY_SECONDS, Settings
+from outbox.settings import LEASE_SAFETY_SECONDS, Settings, WebhookEndpoint
 from outbox.stopping import StopRule, stop_rule
 
 logger = logging.getLogger(__name__)
@@ -58,7 +64,7 @@ MAX_BATCHES_OPEN = 2 * MAX_BATCHES_IN_FLIGHT
 NOT_SENT = "run interrupted before this message was sent"
 # Outcome writes are retried this often (the pool replaces a dropped connection in between).
 RECORD_RETRY_DELAYS = (0.2, 1.0, 3.0)
-Deliver = Callable[[LeasedMessage], Awaitable[DeliveryResult]]
+Deliver = Callable[[LeasedMessage, WebhookEndpoint], Awaitable[DeliveryResult]]
 
 
 @dataclass(eq=False)
@@ -72,40 +78,118 @@ class _Run:
 
 
 @dataclass(eq=False)
+class _Delivery:
+    """One leased message to one of its endpoints, while the run delivers it."""
+
+    batch: _Batch
+    index: int  # the message's, in its batch
+    endpoint: WebhookEndpoint
+    number: int  # the endpoint's attempt number: 1 on its first delivery
+    # Its attempt, the exception that escaped it, or None (not finished).
+    attempt: Attempt | BaseException | None = None
+    # When its request started (wall clock, monotonic), or None (not started).
+    started: tuple[datetime, float] | None = None
+    queued: bool = True  # still waits for a delivery slot (counted by the admission)
+    probe: bool = False  # the one request that decides whether the endpoint's breaker closes
+
+    @property
+    def key(self) -> Key:
+        return (self.batch.messages[self.index].event_type, _name(self.endpoint))
+
+    @property
+    def message(self) -> LeasedMessage:
+        return self.batch.messages[self.index]
+
+
+@dataclass(eq=False)
 class _Batch:
-    """One leased batch while its messages are delivered by the run's delivery loops."""
+    """One leased batch while its deliveries are made by the run's delivery loops."""
 
     messages: list[LeasedMessage]
     lease_deadline: float
     run: _Run
-    # Resolved when every message has an attempt (or the batch is abandoned on cancellation).
+    # Resolved when every delivery has an attempt (or the batch is abandoned on cancellation).
     delivered: asyncio.Future[None]
-    # Per message: its attempt, the exception that escaped it, or None (not finished).
-    attempts: list[Attempt | BaseException | None] = field(init=False)
-    # Per message: when its request started (wall clock, monotonic), or None (not started).
-    started: list[tuple[datetime, float] | None] = field(init=False)
-    remaining: int = field(init=False)
-    # Per message: whether it still waits for a delivery slot (counted by the admission).
-    queued: list[bool] = field(init=False)
-    # Set once its outcomes are being written: a message not yet started is not sent any more.
+    # Per message: its deliveries (one per endpoint still waiting), or why it has none.
+    deliveries: list[list[_Delivery] | Undeliverable] = field(default_factory=list)
+    remaining: int = 0
+    # Set once its outcomes are being written: a delivery not yet started is not made any more.
     closed: bool = field(default=False, init=False)
 
-    def __post_init__(self) -> None:
-        self.attempts = [None] * len(self.messages)
-        self.started = [None] * len(self.messages)
-        self.remaining = len(self.messages)
-        self.queued = [True] * len(self.messages)
+    def all_deliveries(self) -> list[_Delivery]:
+        return [d for planned in self.deliveries if isinstance(planned, list) for d in planned]
 
-    def settle(self, index: int, attempt: Attempt | BaseException | None) -> None:
+    def settle(self, delivery: _Delivery, attempt: Attempt | BaseException | None) -> None:
         if attempt is not None:
-            self.attempts[index] = attempt
+            delivery.attempt = attempt
         self.remaining -= 1
-        if self.remaining == 0 and not self.delivered.done():
+        if self.remaining <= 0 and not self.delivered.done():
             self.delivered.set_result(None)
 
 
-# A message waiting for a delivery loop: its batch and its index there.
-_Work = tuple[_Batch, int]
+class _Dispatch:
+    """The run's deliveries waiting for a loop: a queue per endpoint, taken in turn, each only
+    while its endpoint has room (``has_room``), so that a slow endpoint's queue never holds a
+    loop from the others'."""
+
+    def __init__(self, has_room: Callable[[Key], bool]) -> None:
+        self._has_room = has_room
+        self._queues: dict[Key, deque[_Delivery]] = {}
+        self._turn: deque[Key] = deque()  # endpoints with deliveries waiting, in turn
+        self._changed = asyncio.Event()
+
+    def put(self, delivery: _Delivery) -> None:
+        key = delivery.key
+        queue = self._queues.setdefault(key, deque())
+        if not queue:
+            self._turn.append(key)
+        queue.append(delivery)
+        self._changed.set()
+
+    def wake(self) -> None:
+        """An endpoint has room again."""
+        self._changed.set()
+
+    async def take(self) -> _Delivery:
+        while True:
+            for _ in range(len(self._turn)):
+                key = self._turn[0]
+                self._turn.rotate(-1)
+                if self._has_room(key):
+                    return self._pop(key)
+            self._changed.clear()
+            await self._changed.wait()
+
+    def _pop(self, key: Key) -> _Delivery:
+        queue = self._queues[key]
+        delivery = queue.popleft()
+        if not queue:
+            self._turn.remove(key)
+        return delivery
+
+
+class _EndpointSlots:
+    """Requests in flight per endpoint in this process, against each one's max_concurrency."""
+
+    def __init__(self) -> None:
+        self._in_flight: dict[Key, int] = {}
+        self._caps: dict[Key, int | None] = {}
+        self.listeners: set[_Dispatch] = set()
+
+    def limit(self, key: Key, cap: int | None) -> None:
+        self._caps[key] = cap
+
+    def has_room(self, key: Key) -> bool:
+        cap = self._caps.get(key)
+        return cap is None or self._in_flight.get(key, 0) < cap
+
+    def take(self, key: Key) -> None:
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+
+    def give_back(self, key: Key) -> None:
+        self._in_flight[key] -= 1
+        for dispatch in self.listeners:
+            dispatch.wake()
 
 
 class OutboxProcessor:
@@ -130,6 +214,12 @@ class OutboxProcessor:
         self._admission = Admission(settings.concurrency)
         self._hold = settings.ordering_on_failure == "hold"
         self._stopping = False
+        self._endpoints = settings.endpoints
+        self._endpoint_slots = _EndpointSlots()
+        for event_type, group in self._endpoints.items():
+            for endpoint in group:
+                self._endpoint_slots.limit((event_type, _name(endpoint)), endpoint.max_concurrency)
+        self._breakers = Breakers(pool, self._other_endpoints)
 
     def stop(self) -> None:
         """Make running drains finish what is in flight, release the rest, and return."""
@@ -154,7 +244,8 @@ class OutboxProcessor:
         budget = min(budget_seconds or self._settings.run_budget_seconds, 3600.0)
         run = _Run(summary, started + budget, stop_rule(until_caught_up=until_caught_up))
         batches: set[asyncio.Task[None]] = set()
-        work: asyncio.Queue[_Work] = asyncio.Queue()
+        work = _Dispatch(self._endpoint_slots.has_room)
+        self._endpoint_slots.listeners.add(work)
         loops = [
             asyncio.create_task(self._deliver_loop(work)) for _ in range(self._settings.concurrency)
         ]
@@ -177,12 +268,11 @@ class OutboxProcessor:
                 for task in loops:
                     task.cancel()
                 await asyncio.gather(*loops, return_exceptions=True)
+                self._endpoint_slots.listeners.discard(work)
                 summary.duration_seconds = time.monotonic() - started
         return summary
 
-    async def _drain(
-        self, run: _Run, batches: set[asyncio.Task[None]], work: asyncio.Queue[_Work]
-    ) -> None:
+    async def _drain(self, run: _Run, batches: set[asyncio.Task[None]], work: _Dispatch) -> None:
         summary = run.summary
         # Batches whose deliveries are still running; each is resolved before its outcome write.
         delivering: set[asyncio.Future[None]] = set()
@@ -244,6 +334,8 @@ class OutboxProcessor:
             leased = len(lease.messages)
             if lease.database_now is not None:
                 self.clock.observe(lease.database_now, sent, time.time())
+            if lease.troubled is not None:
+                self._breakers.learn(lease.troubled)
             return lease
         finally:
             self._admission.release(size - leased)
@@ -251,46 +343,76 @@ class OutboxProcessor:
     def _start_window(self, run: _Run, now: float) -> float:
         """Seconds from ``now`` within which a message leased now must start to be sent."""
         last_start = self._settings.lease_seconds - (
-            self._settings.http_timeout_seconds + LEASE_SAFETY_SECONDS
+            self._settings.longest_timeout_seconds + LEASE_SAFETY_SECONDS
         )
         return min(run.deadline - now, last_start)
+
+    def _plan(self, batch: _Batch) -> None:
+        """Each message's deliveries: one per endpoint of its event type still waiting for it."""
+        for index, message in enumerate(batch.messages):
+            endpoints = self._endpoints.get(message.event_type)
+            if not endpoints:
+                batch.deliveries.append(
+                    Undeliverable(
+                        f"no endpoint configured for event type {message.event_type!r} "
+                        "(OUTBOX_WEBHOOKS)"
+                    )
+                )
+                continue
+            waiting = [
+                _Delivery(batch, index, endpoint, _next_attempt(message, _name(endpoint)))
+                for endpoint in endpoints
+                if _waits(message, _name(endpoint))
+            ]
+            batch.deliveries.append(waiting)
+        batch.remaining = len(batch.all_deliveries())
+        if not batch.remaining:
+            batch.delivered.set_result(None)
+
+    def _other_endpoints(self, key: Key) -> Sequence[str]:
+        event_type, name = key
+        return [_name(e) for e in self._endpoints.get(event_type, ()) if _name(e) != name]
 
     def _start(
         self,
         batch: _Batch,
-        work: asyncio.Queue[_Work],
+        work: _Dispatch,
         delivering: set[asyncio.Future[None]],
         batches: set[asyncio.Task[None]],
     ) -> None:
-        """Hand a leased batch's messages to the delivery loops; a task records its outcomes."""
+        """Hand a leased batch's deliveries to the delivery loops; a task records its outcomes."""
         batch.run.summary.leased += len(batch.messages)
         batch.run.summary.batches += 1
-        delivering.add(batch.delivered)
-        batch.delivered.add_done_callback(delivering.discard)
-        for index in range(len(batch.messages)):
-            work.put_nowait((batch, index))
+        self._plan(batch)
+        # Counted as waiting by the lease, one per message: one per delivery from now on.
+        self._admission.reserve(batch.remaining - len(batch.messages))
+        if batch.remaining:
+            delivering.add(batch.delivered)
+            batch.delivered.add_done_callback(delivering.discard)
+        for delivery in batch.all_deliveries():
+            work.put(delivery)
         task = asyncio.create_task(self._run_batch(batch))
         batches.add(task)
         task.add_done_callback(batches.discard)
 
-    async def _deliver_loop(self, work: asyncio.Queue[_Work]) -> None:
-        """One of the run's delivery loops: leased messages one at a time, in lease order."""
+    async def _deliver_loop(self, work: _Dispatch) -> None:
+        """One of the run's delivery loops: deliveries one at a time, endpoint by endpoint."""
         while True:
-            batch, index = await work.get()
+            delivery = await work.take()
             attempt: Attempt | BaseException | None = None
             try:
-                attempt = await self._attempt(batch, index)
-            except Exception as exc:  # noqa: BLE001 - unexpected: becomes this message's outcome
+                attempt = await self._attempt(delivery)
+            except Exception as exc:  # noqa: BLE001 - unexpected: becomes this delivery's outcome
                 attempt = exc
             except asyncio.CancelledError as exc:
                 task = asyncio.current_task()
                 if task is None or task.cancelling():
                     raise  # the run is being cancelled: stop this loop
-                attempt = exc  # raised by the delivery itself: that message's outcome only
+                attempt = exc  # raised by the delivery itself: that delivery's outcome only
             finally:
                 # Also on cancellation (attempt None): the batch records it as interrupted if it
                 # was sent, or releases it if it was not.
-                batch.settle(index, attempt)
+                delivery.batch.settle(delivery, attempt)
 
     async def _run_batch(self, batch: _Batch) -> None:
         try:
@@ -302,38 +424,63 @@ class OutboxProcessor:
             # Also on cancellation: whatever finished is recorded, whatever was sent and did not
             # finish is retried, whatever was not sent is released (and will not be sent now).
             batch.closed = True
-            for index in range(len(batch.messages)):
-                self._leave(batch, index)
+            for delivery in batch.all_deliveries():
+                self._leave(delivery)
             now = self.clock.now()  # a Retry-After date is the receiver's idea of this time
             records = [self._outcome(batch, index, now) for index in range(len(batch.messages))]
+            await self._breakers.flush()
             await shielded(self._record(records, batch.run))
 
-    async def _attempt(self, batch: _Batch, index: int) -> Attempt:
+    async def _attempt(self, delivery: _Delivery) -> Attempt:
+        key = delivery.key
+        self._endpoint_slots.take(key)
+        try:
+            return await self._attempt_in_turn(delivery)
+        finally:
+            self._endpoint_slots.give_back(key)
+
+    async def _attempt_in_turn(self, delivery: _Delivery) -> Attempt:
         # Asked before waiting for a slot too: the slots are shared with the process's other
-        # runs, and a message this run will not send must not wait behind their requests.
-        if reason := self._not_sent_because(batch, time.monotonic()):
-            self._leave(batch, index)
-            return Attempt(NotAttempted(reason), datetime.now(UTC), 0)
+        # runs, and a delivery this run will not make must not wait behind their requests.
+        if held := await self._held(delivery, time.monotonic()):
+            self._leave(delivery)
+            return Attempt(held, datetime.now(UTC), 0)
         async with self._slots:
-            self._leave(batch, index)
+            self._leave(delivery)
             now = datetime.now(UTC)
             started = time.monotonic()
-            if reason := self._not_sent_because(batch, started):
+            if reason := self._not_sent_because(delivery, started):
                 return Attempt(NotAttempted(reason), now, 0)
-            batch.started[index] = (now, started)
-            result = await self._deliver(batch.messages[index])
+            delivery.started = (now, started)
+            result = await self._deliver(delivery.message, delivery.endpoint)
             took = time.monotonic() - started
             self._admission.finished(took)
-            return Attempt(result, now, round(took * 1000))
+        await self._breakers.observed(delivery.key, unwell(result), probe=delivery.probe)
+        return Attempt(result, now, round(took * 1000))
 
-    def _leave(self, batch: _Batch, index: int) -> None:
-        """The message no longer waits for a slot (it starts, or it will not be sent now)."""
-        if batch.queued[index]:
-            batch.queued[index] = False
+    async def _held(self, delivery: _Delivery, at: float) -> NotAttempted | None:
+        """Why ``delivery`` is not made now (and when it may be), if it is not."""
+        if reason := self._not_sent_because(delivery, at):
+            return NotAttempted(reason)
+        verdict = self._breakers.verdict(delivery.key)
+        if verdict == SEND:
+            return None
+        timeout = delivery.endpoint.timeout(self._settings.http_timeout_seconds)
+        if verdict == PROBE and await self._breakers.claim_probe(delivery.key, timeout):
+            delivery.probe = True
+            return None
+        wait = timeout if isinstance(verdict, str) else verdict
+        return NotAttempted("endpoint's circuit breaker open", retry_in=wait)
+
+    def _leave(self, delivery: _Delivery) -> None:
+        """The delivery no longer waits for a slot (it starts, or it will not be made now)."""
+        if delivery.queued:
+            delivery.queued = False
             self._admission.release()
 
-    def _not_sent_because(self, batch: _Batch, at: float) -> str | None:
-        """Why a message of ``batch`` must not be sent at ``at`` (monotonic), if it must not."""
+    def _not_sent_because(self, delivery: _Delivery, at: float) -> str | None:
+        """Why ``delivery`` must not start at ``at`` (monotonic), if it must not."""
+        batch = delivery.batch
         if self._stopping:
             return "relay stopping"
         if batch.closed:
@@ -341,27 +488,43 @@ class OutboxProcessor:
         if at >= batch.run.deadline:
             # A run ends at most one HTTP timeout after its budget, whatever the lease.
             return "run budget spent"
-        if batch.lease_deadline - at < self._settings.http_timeout_seconds + LEASE_SAFETY_SECONDS:
+        timeout = delivery.endpoint.timeout(self._settings.http_timeout_seconds)
+        if batch.lease_deadline - at < timeout + LEASE_SAFETY_SECONDS:
             return "lease too short to finish a delivery"
         return None
 
     def _outcome(self, batch: _Batch, index: int, now: datetime) -> Recorded:
-        message, attempt = batch.messages[index], batch.attempts[index]
+        message, planned = batch.messages[index], batch.deliveries[index]
+        if isinstance(planned, Undeliverable):
+            attempt = Attempt(planned, now, 0)
+            outcome = self._classify(attempt, 1, (), now)
+            return Recorded(message, outcome, (Delivered(None, message.attempt, attempt, outcome),))
+        delivered = tuple(self._delivered(delivery, now) for delivery in planned)
+        names = [_name(e) for e in self._endpoints[message.event_type]]
+        outcome, state = aggregate(message, delivered, names)
+        return Recorded(message, outcome, delivered, state)
+
+    def _delivered(self, delivery: _Delivery, now: datetime) -> Delivered:
+        attempt = delivery.attempt
         if not isinstance(attempt, Attempt):
-            attempt = self._broken_attempt(attempt, batch.started[index], now)
+            attempt = self._broken_attempt(attempt, delivery.started, now)
+        final = delivery.endpoint.final_statuses
         try:
-            outcome = self._classify(attempt, message, now)
+            outcome = self._classify(attempt, delivery.number, final, now)
         except Exception as exc:  # noqa: BLE001 - an answer nobody foresaw must not cost the batch
             attempt = replace(attempt, result=self._unexpected(exc))
-            outcome = self._classify(attempt, message, now)
-        return Recorded(message, outcome, attempt)
+            outcome = self._classify(attempt, delivery.number, final, now)
+        return Delivered(_name(delivery.endpoint), delivery.number, attempt, outcome)
 
-    def _classify(self, attempt: Attempt, message: LeasedMessage, now: datetime) -> Outcome:
+    def _classify(
+        self, attempt: Attempt, number: int, final_statuses: Sequence[int], now: datetime
+    ) -> Outcome:
         return classify(
             attempt.result,
-            attempt=message.attempt,
+            attempt=number,
             max_attempts=self._settings.max_attempts,
             now=now,
+            final_statuses=final_statuses,
         )
 
     def _unexpected(self, error: BaseException) -> TransportError:
@@ -453,31 +616,52 @@ class OutboxProcessor:
 
 
 def log_outcome(record: Recorded, *, applied: bool) -> None:
-    """One line per outcome: DEBUG when delivered, WARNING when retried, ERROR when failed."""
-    outcome, attempt = record.outcome, record.attempt
-    if not applied:
-        level, label = logging.WARNING, "Stale"
-    elif outcome.not_attempted:
-        # One line per run says how many were given back (its summary's released).
-        level, label = logging.DEBUG, "Released"
-    else:
-        level, label = _OUTCOME_LEVELS[outcome.status], str(outcome.status)
-    if not delivery_logger.isEnabledFor(level):
-        return  # most runs: DEBUG (delivered) is off; skip building the fields
-    result = attempt.result
-    log_event(
-        delivery_logger,
-        level,
-        "outbox.delivery",
-        message_id=record.message.message_id,
-        event_type=record.message.event_type,
-        attempt=record.message.attempt,
-        outcome=label,
-        http_status=result.status if isinstance(result, Response) else None,
-        duration_ms=attempt.duration_ms,
-        retry_in_s=round(outcome.delay_seconds, 1) if label == "Pending" else None,
-        error=outcome.error,
-    )
+    """One line per delivery: DEBUG when delivered, WARNING when retried, ERROR when failed."""
+    for delivered in record.deliveries:
+        outcome, attempt = delivered.outcome, delivered.attempt
+        if not applied:
+            level, label = logging.WARNING, "Stale"
+        elif outcome.not_attempted:
+            # One line per run says how many were given back (its summary's released).
+            level, label = logging.DEBUG, "Released"
+        else:
+            level, label = _OUTCOME_LEVELS[outcome.status], str(outcome.status)
+        if not delivery_logger.isEnabledFor(level):
+            continue  # most runs: DEBUG (delivered) is off; skip building the fields
+        result = attempt.result
+        log_event(
+            delivery_logger,
+            level,
+            "outbox.delivery",
+            message_id=record.message.message_id,
+            event_type=record.message.event_type,
+            endpoint=delivered.endpoint,
+            attempt=delivered.number,
+            outcome=label,
+            http_status=result.status if isinstance(result, Response) else None,
+            duration_ms=attempt.duration_ms,
+            retry_in_s=round(outcome.delay_seconds, 1) if label == "Pending" else None,
+            error=outcome.error,
+        )
+
+
+def _waits(message: LeasedMessage, endpoint: str) -> bool:
+    """Whether ``endpoint`` has still to get ``message`` (not delivered, not failed for good)."""
+    state = message.endpoint_state
+    return state is None or endpoint not in state or state[endpoint].status is Status.PENDING
+
+
+def _next_attempt(message: LeasedMessage, endpoint: str) -> int:
+    """The number of the attempt to ``endpoint`` that this lease makes."""
+    state = message.endpoint_state
+    if state is None:
+        return message.attempt  # every endpoint tried at each lease so far
+    return state[endpoint].attempts + 1 if endpoint in state else 1
+
+
+def _name(endpoint: WebhookEndpoint) -> str:
+    assert endpoint.name is not None  # named by Settings
+    return endpoint.name
 
 
 async def retry_database(operation: Callable[[], Awaitable[T]]) -> T:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import aiohttp
 from aiohttp.client_reqrep import ClientRequest
@@ -49,12 +49,32 @@ class FreshConnector(aiohttp.TCPConnector):
             connection.close()  # unexpected data arrived while it was idle: never reuse it
 
 
-def make_session(settings: Settings, *, limit: int | None = None) -> aiohttp.ClientSession:
+EndpointKey = tuple[str, str]  # (event type, endpoint name)
+
+
+class _Prepared:
+    """What every request to one endpoint shares: URL, signer, extra headers, timeout."""
+
+    def __init__(self, endpoint: WebhookEndpoint, default_timeout: float) -> None:
+        self.url = endpoint.url
+        self.signer = Signer(endpoint.signing_keys)
+        self.headers = {name: value.get_secret_value() for name, value in endpoint.headers.items()}
+        self.timeout = aiohttp.ClientTimeout(total=endpoint.timeout(default_timeout))
+
+
+def _name(endpoint: WebhookEndpoint) -> str:
+    assert endpoint.name is not None  # named by Settings
+    return endpoint.name
+
+
+def make_session(
+    settings: Settings, *, limit: int | None = None, timeout: float | None = None
+) -> aiohttp.ClientSession:
     """An HTTP session for one endpoint: keep-alive, at most ``limit`` connections (by default
     one per concurrent delivery)."""
     return aiohttp.ClientSession(
         connector=FreshConnector(limit=limit or settings.concurrency, limit_per_host=0),
-        timeout=aiohttp.ClientTimeout(total=settings.http_timeout_seconds),
+        timeout=aiohttp.ClientTimeout(total=timeout or settings.http_timeout_seconds),
         headers={"user-agent": USER_AGENT},
         raise_for_status=False,
     )
@@ -92,28 +112,31 @@ def build_headers(
 
 
 class Publisher(Closeable):
-    """POSTs leased messages to the endpoint configured for their event type.
+    """POSTs leased messages to the endpoints of their event type, one endpoint at a time.
 
-    Each endpoint has an HTTP session (and so a connection pool) of its own: a receiver's stray
-    bytes, or a slow or dead endpoint, never touch another endpoint's connections.
+    Each endpoint has an HTTP session (and so a connection pool) of its own, with its own
+    timeout and headers: a receiver's stray bytes, or a slow or dead endpoint, never touch
+    another endpoint's connections.
     """
 
     def __init__(
         self,
-        webhooks: Mapping[str, WebhookEndpoint],
-        sessions: Mapping[str, aiohttp.ClientSession],
+        endpoints: Mapping[str, Sequence[WebhookEndpoint]],
+        sessions: Mapping[EndpointKey, aiohttp.ClientSession],
         *,
         timeout_seconds: float,
         max_payload_bytes: int,
         redact: Redactor,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._webhooks = webhooks
         self._clock = clock
         self._sessions = sessions
-        # Prepared once: the secrets do not change while the process runs.
-        self._signers = {event_type: Signer(e.signing_keys) for event_type, e in webhooks.items()}
-        self._timeout = aiohttp.ClientTimeout(total=timeout_seconds)
+        # Prepared once: the secrets and headers do not change while the process runs.
+        self._prepared = {
+            (event_type, _name(endpoint)): _Prepared(endpoint, timeout_seconds)
+            for event_type, group in endpoints.items()
+            for endpoint in group
+        }
         self._max_payload_bytes = max_payload_bytes
         self._redact = redact
 
@@ -121,9 +144,18 @@ class Publisher(Closeable):
     def from_settings(cls, settings: Settings, clock: Callable[[], float] = time.time) -> Publisher:
         """A publisher with a session of its own per endpoint (call inside the event loop);
         ``clock`` gives the time its signatures carry (the database's, for the relay)."""
+        sessions = {
+            (event_type, _name(endpoint)): make_session(
+                settings,
+                limit=endpoint.max_concurrency,
+                timeout=endpoint.timeout(settings.http_timeout_seconds),
+            )
+            for event_type, group in settings.endpoints.items()
+            for endpoint in group
+        }
         return cls(
-            settings.webhooks,
-            {event_type: make_session(settings) for event_type in settings.webhooks},
+            settings.endpoints,
+            sessions,
             timeout_seconds=settings.http_timeout_seconds,
             max_payload_bytes=settings.max_payload_bytes,
             redact=Redactor.from_settings(settings),
@@ -136,10 +168,6 @@ class Publisher(Closeable):
 
     def sendable(self, message: LeasedMessage) -> str | Undeliverable:
         """The payload text to send, or why ``message`` can never be delivered as stored."""
-        if message.event_type not in self._webhooks:
-            return Undeliverable(
-                f"no endpoint configured for event type {message.event_type!r} (OUTBOX_WEBHOOKS)"
-            )
         size = message.payload_bytes  # measured by the database: no encoding needed here
         if message.payload is None or size > self._max_payload_bytes:
             return Undeliverable(
@@ -149,19 +177,22 @@ class Publisher(Closeable):
             return Undeliverable(f"payload is JSON {json_kind(message.payload)}, not an object")
         return message.payload
 
-    async def deliver(self, message: LeasedMessage) -> DeliveryResult:
-        """One POST of ``message``; every exception is turned into a result, none escapes."""
+    async def deliver(self, message: LeasedMessage, endpoint: WebhookEndpoint) -> DeliveryResult:
+        """One POST of ``message`` to ``endpoint`` (one of its event type's); every exception is
+        turned into a result, none escapes."""
         payload = self.sendable(message)
         if isinstance(payload, Undeliverable):
             return payload
-        endpoint = self._webhooks[message.event_type]
+        key = (message.event_type, _name(endpoint))
+        prepared = self._prepared[key]
         body = build_body(message, payload)
-        signer = self._signers[message.event_type]
-        headers = build_headers(signer, str(message.message_id), body, self._clock())
+        headers = prepared.headers | build_headers(
+            prepared.signer, str(message.message_id), body, self._clock()
+        )
         try:
-            return await self._post(self._sessions[message.event_type], endpoint.url, body, headers)
+            return await self._post(self._sessions[key], prepared, body, headers)
         except TimeoutError:
-            return TransportError(f"timed out after {self._timeout.total:g}s", "TimeoutError")
+            return TransportError(f"timed out after {prepared.timeout.total:g}s", "TimeoutError")
         except aiohttp.ClientResponseError as exc:
             # Its text ends with the URL as the client rewrote it, which redaction cannot match
             # reliably; the status and message say what went wrong.
@@ -172,10 +203,18 @@ class Publisher(Closeable):
             return TransportError(self._redact(f"{name}: {exc}"), name)
 
     async def _post(
-        self, session: aiohttp.ClientSession, url: str, body: bytes, headers: dict[str, str]
+        self,
+        session: aiohttp.ClientSession,
+        prepared: _Prepared,
+        body: bytes,
+        headers: dict[str, str],
     ) -> Response:
         async with session.post(
-            url, data=body, headers=headers, allow_redirects=False, timeout=self._timeout
+            prepared.url,
+            data=body,
+            headers=headers,
+            allow_redirects=False,
+            timeout=prepared.timeout,
         ) as response:
             chunk = await response.content.read(MAX_SNIPPET_BYTES + REDACTION_SLACK_BYTES)
             if not response.content.at_eof():

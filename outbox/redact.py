@@ -107,7 +107,10 @@ class Redactor:
             secrets.append(settings.queue_connection.get_secret_value())
         if settings.function_key is not None:
             secrets.append(settings.function_key.get_secret_value())
-        for endpoint in settings.webhooks.values():
+        for endpoint in (e for group in settings.endpoints.values() for e in group):
+            for header in endpoint.headers.values():
+                value = header.get_secret_value()  # "Bearer <token>": the token alone too
+                secrets.extend([value, *(part for part in value.split() if len(part) >= 8)])
             # Webhook URLs are often capabilities themselves (a token in the path or query), and
             # a library may print them as the HTTP client normalised them ("%2F" as "/").
             secrets.extend(_url_forms(endpoint.url))

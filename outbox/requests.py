@@ -38,6 +38,7 @@ MUST_BE = {
     "all_failed": "must be true or false",
     "dry_run": "must be true or false",
     "budget_seconds": "must be a number of seconds",
+    "endpoint": "must be an endpoint's name",
 }
 # A body's fields are named as they are written.
 FIELD_NAMES: Mapping[str, str] = {name: name for name in MUST_BE}
@@ -50,6 +51,7 @@ FLAG_NAMES: Mapping[str, str] = {
     "all_failed": "--all-failed",
     "dry_run": "--dry-run",
     "budget_seconds": "--budget",
+    "endpoint": "--endpoint",
 }
 
 
@@ -115,6 +117,7 @@ class RequeueFilter:
     created_from: datetime | None = None
     created_to: datetime | None = None
     all_failed: bool = False
+    endpoint: str | None = None  # its failures alone, and only it sent them again
 
 
 class RequeueRequest(_Request):
@@ -125,15 +128,21 @@ class RequeueRequest(_Request):
     created_from: Time = None
     created_to: Time = None
     all_failed: bool = False
+    endpoint: Text = None
     dry_run: bool = False
 
     @property
     def filter(self) -> RequeueFilter:
         return RequeueFilter(
-            self.message_ids, self.event_type, self.created_from, self.created_to, self.all_failed
+            self.message_ids,
+            self.event_type,
+            self.created_from,
+            self.created_to,
+            self.all_failed,
+            self.endpoint,
         )
 
-    @field_validator("event_type")
+    @field_validator("event_type", "endpoint")
     @classmethod
     def _storable(cls, value: str | None) -> str | None:
         # A bad request, not a database error: text PostgreSQL cannot hold.
@@ -151,12 +160,19 @@ class RequeueRequest(_Request):
         names = _names(info)
         narrowed = any(
             value is not None
-            for value in (self.message_ids, self.event_type, self.created_from, self.created_to)
+            for value in (
+                self.message_ids,
+                self.event_type,
+                self.created_from,
+                self.created_to,
+                self.endpoint,
+            )
         )
         if narrowed == self.all_failed:
             raise ValueError(
                 f"say which Failed messages to requeue: {names['message_ids']}, "
-                f"{names['event_type']} and/or {names['created_from']}/{names['created_to']}, "
+                f"{names['event_type']}, {names['endpoint']} and/or "
+                f"{names['created_from']}/{names['created_to']}, "
                 f"or {names['all_failed']} (but not both)"
             )
         self._check_times(names)

@@ -16,15 +16,17 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Literal, Self, cast
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from pydantic import (
     AliasChoices,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     SecretStr,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -50,6 +52,24 @@ NOT_A_URL = "is not a valid URL (percent-encode special characters such as [ ] i
 # An OUTBOX_WEBHOOKS key is named in an error only if it looks like an event type or a field:
 # anything else may be a URL or a secret put in the wrong place.
 _NAMEABLE_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
+_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}$")
+# Headers the relay sets itself (or that frame the request): an endpoint cannot override them.
+RESERVED_HEADERS = frozenset(
+    {
+        "content-type",
+        "webhook-id",
+        "webhook-timestamp",
+        "webhook-signature",
+        "traceparent",
+        "tracestate",
+        "content-length",
+        "transfer-encoding",
+        "host",
+        "connection",
+    }
+)
+# Tags of the two forms an event type's endpoints may take; left out of error locations.
+_ONE, _MANY = "endpoint", "endpoints"
 _SECRET_PREFIXES = ("whsec_", "sk_", "sk-", "rk_", "pk_live", "ghp_", "gho_", "xox", "eyj")
 
 # Environment names of fields whose name is not OUTBOX_<FIELD>.
@@ -126,12 +146,54 @@ def decode_secret(part: str) -> bytes:
 
 
 class WebhookEndpoint(BaseModel):
-    """Where one event type is delivered, and the secrets its requests are signed with."""
+    """One subscriber of an event type: where its messages go, signed how, with which headers
+    and limits. ``name`` identifies it (logs, ``show``, ``status``, requeue); a single endpoint
+    of an event type is named after the event type unless it says otherwise."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     url: str
     secret: SecretStr | None = None
+    name: str | None = None
+    # Extra request headers (Authorization, X-Api-Key…); their values are secrets.
+    headers: dict[str, SecretStr] = Field(default_factory=dict)
+    timeout_seconds: float | None = Field(default=None, gt=0, le=300)
+    max_concurrency: int | None = Field(default=None, ge=1, le=256)
+    # Statuses that fail a message at once here (besides 410 Gone), e.g. [400, 422].
+    final_statuses: tuple[int, ...] = ()
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str | None) -> str | None:
+        if name is not None and (not _NAMEABLE_KEY.match(name) or looks_secret(name)):
+            raise ValueError(
+                "name must be 1-100 letters, digits, '_', '.', ':' or '-' (and not look like a "
+                "secret: it is shown in logs and status)"
+            )
+        return name
+
+    @field_validator("headers")
+    @classmethod
+    def _check_headers(cls, headers: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        for header, value in headers.items():
+            if not _HEADER_NAME.match(header):
+                raise ValueError("a header name must be an HTTP token (letters, digits, -…)")
+            if header.lower() in RESERVED_HEADERS:
+                raise ValueError(f"header {header} is the relay's own and cannot be set here")
+            if any(c in value.get_secret_value() for c in "\r\n\x00"):
+                raise ValueError(f"header {header}'s value holds a line break or NUL")
+        return headers
+
+    @field_validator("final_statuses")
+    @classmethod
+    def _check_final_statuses(cls, statuses: tuple[int, ...]) -> tuple[int, ...]:
+        if not all(300 <= status <= 599 for status in statuses):
+            raise ValueError("final_statuses must be HTTP statuses from 300 to 599")
+        return statuses
+
+    def timeout(self, default: float) -> float:
+        """Seconds one request may take: its own timeout, else the relay's."""
+        return self.timeout_seconds or default
 
     @field_validator("url")
     @classmethod
@@ -172,6 +234,16 @@ class WebhookEndpoint(BaseModel):
         if self.secret is None:
             return ()
         return tuple(decode_secret(part) for part in self.secret.get_secret_value().split())
+
+
+def _form(value: Any) -> str:
+    return _MANY if isinstance(value, list | tuple) else _ONE
+
+
+_Endpoints = Annotated[
+    Annotated[WebhookEndpoint, Tag(_ONE)] | Annotated[list[WebhookEndpoint], Tag(_MANY)],
+    Discriminator(_form),
+]
 
 
 class QueueSettings(BaseSettings):
@@ -226,7 +298,8 @@ class Settings(QueueSettings):
     """The relay's configuration. ``Settings.load()`` reads it from the environment."""
 
     database_url: SecretStr
-    webhooks: Annotated[dict[str, WebhookEndpoint], NoDecode] = Field(default_factory=dict)
+    # Event type → one endpoint or a list of them; after validation, a tuple of them, each named.
+    webhooks: Annotated[dict[str, _Endpoints], NoDecode] = Field(default_factory=dict)
     batch_size: int = Field(default=100, ge=1, le=1000)
     lease_seconds: float = Field(default=60.0, ge=1, le=3600)
     max_attempts: int = Field(default=10, ge=1, le=100)
@@ -272,17 +345,56 @@ class Settings(QueueSettings):
             raise ValueError('must be a JSON object: {"EventType": {"url": ..., "secret": ...}}')
         return value
 
+    @field_validator("webhooks")
+    @classmethod
+    def _name_endpoints(cls, value: dict[str, Any]) -> dict[str, tuple[WebhookEndpoint, ...]]:
+        named: dict[str, tuple[WebhookEndpoint, ...]] = {}
+        for event_type, given in value.items():
+            if isinstance(given, WebhookEndpoint):
+                named[event_type] = (given.model_copy(update={"name": given.name or event_type}),)
+                continue
+            where = f"[{_shown(event_type, quoted=True)}]"
+            if not given:
+                raise ValueError(f"{where}: a list of endpoints must not be empty")
+            if any(endpoint.name is None for endpoint in given):
+                raise ValueError(f"{where}: each endpoint of a list needs a name")
+            names = [endpoint.name for endpoint in given]
+            if len(set(names)) < len(names):
+                raise ValueError(f"{where}: endpoint names must be unique within an event type")
+            named[event_type] = tuple(given)
+        return named
+
+    @property
+    def endpoints(self) -> Mapping[str, tuple[WebhookEndpoint, ...]]:
+        """Each event type's endpoints, named (``webhooks`` as validated)."""
+        return cast("Mapping[str, tuple[WebhookEndpoint, ...]]", self.webhooks)
+
+    @property
+    def longest_timeout_seconds(self) -> float:
+        """The longest a request may take, over every endpoint."""
+        timeouts = [
+            endpoint.timeout(self.http_timeout_seconds)
+            for endpoints in self.endpoints.values()
+            for endpoint in endpoints
+        ]
+        return max([self.http_timeout_seconds, *timeouts])
+
     @model_validator(mode="after")
     def _check_lease_outlives_timeout(self) -> Settings:
         # A delivery starts only while its lease outlives its timeout by a second; the lease must
         # leave at least one more timeout to start the batch's later requests in. With less,
         # the later messages of every batch could never start: given back, leased again, and so
         # on, without end.
-        minimum = min_lease_seconds(self.http_timeout_seconds)
+        minimum = min_lease_seconds(self.longest_timeout_seconds)
         if self.lease_seconds < minimum:
+            which = (
+                env_name("http_timeout_seconds")
+                if self.longest_timeout_seconds == self.http_timeout_seconds
+                else "the longest timeout_seconds of OUTBOX_WEBHOOKS"
+            )
             raise ValueError(
                 f"{env_name('lease_seconds')} ({self.lease_seconds:g}) must be at least "
-                f"2 * {env_name('http_timeout_seconds')} + 1 = {minimum:g}: a delivery starts "
+                f"2 * {which} + 1 = {minimum:g}: a delivery starts "
                 "only while its lease outlives its timeout by 1 s, and the lease must leave "
                 "one more timeout in which a batch's later requests can start"
             )
@@ -340,11 +452,16 @@ def describe_errors(exc: ValidationError) -> str:
 
 
 def _describe_location(loc: tuple[int | str, ...]) -> str:
-    """``OUTBOX_WEBHOOKS['OrderCompleted'].secret: `` for a nested error, empty for a model one."""
+    """``OUTBOX_WEBHOOKS['OrderCompleted'].secret: `` (or ``…['OrderCompleted'][1].secret``, for
+    the second of a list) for a nested error, empty for a model one."""
     if not loc:
         return ""
     key = f"[{_shown(loc[1], quoted=True)}]" if len(loc) > 1 else ""
-    rest = "".join(f".{_shown(part)}" for part in loc[2:])
+    rest = "".join(
+        f"[{part}]" if isinstance(part, int) else f".{_shown(part)}"
+        for part in loc[2:]
+        if part not in (_ONE, _MANY) or not isinstance(part, str)
+    )
     return f"{env_name(str(loc[0]))}{key}{rest}: "
 
 

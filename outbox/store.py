@@ -9,6 +9,7 @@ errors are the caller's own.
 from __future__ import annotations
 
 import functools
+import json
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
@@ -20,7 +21,7 @@ from uuid import UUID
 import asyncpg
 
 from outbox.errors import DatabaseError, describe
-from outbox.models import LeasedMessage, Recorded
+from outbox.models import Delivered, LeasedMessage, Recorded
 from outbox.outcomes import attempt_facts
 from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES, Settings
 
@@ -136,6 +137,8 @@ class Lease(NamedTuple):
     parked: int = 0
     # The database's clock when it leased them (seconds since the epoch), if it leased any.
     database_now: float | None = None
+    # Endpoints whose breaker counts failures or is open (read with the lease).
+    troubled: list[BreakerSeen] | None = None
 
     @property
     def taken(self) -> int:
@@ -161,7 +164,15 @@ async def lease_batch(
         QUERIES["lease_batch"], batch_size, lease_seconds, hold_on_failure, max_payload_bytes
     )
     leased = [LeasedMessage.from_row(row) for row in rows if row["lease_token"] is not None]
-    return Lease(leased, len(rows) - len(leased), rows[0]["database_now"] if rows else None)
+    if not rows:
+        return Lease(leased)
+    first = rows[0]
+    return Lease(
+        leased,
+        len(rows) - len(leased),
+        first["database_now"],
+        troubled_endpoints(first["troubled_endpoints"]),
+    )
 
 
 @database_boundary
@@ -225,15 +236,19 @@ async def _write_outcomes(
 ) -> Written:
     if not records:
         return Written(set())
-    columns = zip(*(_outcome_row(r) for r in records), strict=True)
-    rows = await conn.fetch(QUERIES["record_outcomes"], *map(list, columns), hold_on_failure)
+    messages = zip(*(_outcome_row(r) for r in records), strict=True)
+    attempts = [_attempt_row(r, d) for r in records for d in r.deliveries if _attempted(d)]
+    by_column = zip(*attempts, strict=True) if attempts else [[]] * len(AttemptRow._fields)
+    rows = await conn.fetch(
+        QUERIES["record_outcomes"], *map(list, messages), *map(list, by_column), hold_on_failure
+    )
     return Written(
         {row["outbox_message_id"] for row in rows}, any(row["lets_next_go"] for row in rows)
     )
 
 
 class OutcomeRow(NamedTuple):
-    """One record of record_outcomes: element i of its i-th array parameter, in this order.
+    """One message of record_outcomes: element i of its i-th array parameter, in this order.
 
     Arrays rather than one JSON document: asyncpg encodes them without building a dict per
     record, and the database does not parse JSON (measured: about 4 µs of the relay's CPU and
@@ -246,18 +261,27 @@ class OutcomeRow(NamedTuple):
     delay_seconds: float
     last_error: str | None
     not_attempted: bool
+    endpoint_state: str | None  # JSON text, or None: the endpoints stand as the row says
+
+
+class AttemptRow(NamedTuple):
+    """One attempt (an endpoint's delivery) of record_outcomes, after the OutcomeRow arrays."""
+
+    outbox_message_id: UUID
+    endpoint: str | None
     attempt_number: int
+    status: str
     started_epoch: float
     duration_ms: int
     http_status: int | None
     error_class: str | None
+    error: str | None
     response_snippet: str | None
 
 
 def _outcome_row(record: Recorded) -> OutcomeRow:
-    """The outcome, the attempt's history columns, and the lease token that fences the write."""
-    outcome, attempt = record.outcome, record.attempt
-    facts = attempt_facts(attempt.result)
+    """The message's outcome, and the lease token that fences the write."""
+    outcome, state = record.outcome, record.endpoint_state
     return OutcomeRow(
         outbox_message_id=record.message.message_id,
         lease_token=record.message.lease_token,
@@ -265,11 +289,32 @@ def _outcome_row(record: Recorded) -> OutcomeRow:
         delay_seconds=outcome.delay_seconds,
         last_error=outcome.error,
         not_attempted=outcome.not_attempted,
-        attempt_number=record.message.attempt,
+        endpoint_state=(
+            None
+            if state is None
+            else json.dumps({name: s.as_json() for name, s in state.items()}, ensure_ascii=False)
+        ),
+    )
+
+
+def _attempted(delivered: Delivered) -> bool:
+    return not delivered.outcome.not_attempted
+
+
+def _attempt_row(record: Recorded, delivered: Delivered) -> AttemptRow:
+    """One attempt's history columns."""
+    attempt, outcome = delivered.attempt, delivered.outcome
+    facts = attempt_facts(attempt.result)
+    return AttemptRow(
+        outbox_message_id=record.message.message_id,
+        endpoint=delivered.endpoint,
+        attempt_number=delivered.number,
+        status=outcome.status.value,
         started_epoch=attempt.started_at.timestamp(),
         duration_ms=attempt.duration_ms,
         http_status=facts.http_status,
         error_class=facts.error_class,
+        error=outcome.error,
         response_snippet=facts.response_snippet,
     )
 
@@ -297,22 +342,24 @@ async def requeue_failed(
     *,
     dry_run: bool,
     listed: int,
+    endpoint: str | None = None,
     batch_size: int = 1000,
 ) -> Requeued:
-    """Failed rows matching every given filter, set back to Pending unless ``dry_run``.
+    """Failed rows matching every given filter, set back to Pending unless ``dry_run``, for
+    their failed endpoints (``endpoint``: only the rows it failed, and only for it).
 
-    In batches of ``batch_size`` rows, each its own short transaction, so that neither the
-    database nor this process holds all of them at once; ``listed`` ids are kept.
+        In batches of ``batch_size`` rows, each its own short transaction, so that neither the
+        database nor this process holds all of them at once; ``listed`` ids are kept.
     """
     ids = list(message_ids) if message_ids is not None else None
     filters = (ids, event_type, created_from, created_to)
     if dry_run:
-        row = await conn.fetchrow(QUERIES["count_failed"], *filters, listed)
+        row = await conn.fetchrow(QUERIES["count_failed"], *filters, listed, endpoint)
         return Requeued(row["total"], list(row["first_ids"]))
     total, first = 0, list[UUID]()
     after: tuple[datetime | None, UUID | None] = (None, None)
     while True:
-        rows = await conn.fetch(QUERIES["requeue_failed"], *filters, *after, batch_size)
+        rows = await conn.fetch(QUERIES["requeue_failed"], *filters, *after, batch_size, endpoint)
         total += len(rows)
         first += [row["outbox_message_id"] for row in rows[: listed - len(first)]]
         if len(rows) < batch_size:
@@ -367,3 +414,66 @@ async def apply_migration(conn: Connection, name: str, sql: str, checksum: str) 
 @database_boundary
 async def _execute(conn: Connection, statement: str) -> None:
     await conn.execute(statement)
+
+
+class BreakerSeen(NamedTuple):
+    """What a relay's lease tells it of an endpoint whose breaker counts failures or is open."""
+
+    event_type: str
+    endpoint: str
+    failures: int
+    reopen_in: float | None  # seconds until it reopens (negative: it may be probed; None: closed)
+    probing: bool
+
+
+def troubled_endpoints(text: str | None) -> list[BreakerSeen]:
+    """The lease's ``troubled_endpoints`` column, read."""
+    if not text:
+        return []
+    return [
+        BreakerSeen(e["event_type"], e["endpoint"], e["failures"], e["reopen_in"], e["probing"])
+        for e in json.loads(text)
+    ]
+
+
+@database_boundary
+async def endpoint_failed(
+    conn: Connection,
+    key: tuple[str, str],
+    failures: int,
+    *,
+    threshold: int,
+    probe_failed: bool,
+    cool_down: tuple[float, float],
+    others: Sequence[str],
+) -> float | None:
+    """Count retryable failures of endpoint ``key`` (event type, name), opening its breaker at
+    ``threshold`` or after a failed probe; returns the seconds until it reopens, if open."""
+    row = await conn.fetchrow(
+        QUERIES["endpoint_failed"],
+        *key,
+        failures,
+        threshold,
+        probe_failed,
+        *cool_down,
+        list(others),
+    )
+    reopen_in: float | None = row["reopen_in"]
+    return reopen_in if reopen_in is not None and reopen_in > 0 else None
+
+
+@database_boundary
+async def endpoint_recovered(conn: Connection, key: tuple[str, str]) -> None:
+    """Endpoint ``key`` answered: close its breaker."""
+    await conn.execute(QUERIES["endpoint_recovered"], *key)
+
+
+@database_boundary
+async def claim_probe(conn: Connection, key: tuple[str, str], seconds: float) -> bool:
+    """Whether this relay gets to send the probe of endpoint ``key`` (for ``seconds``)."""
+    return bool(await conn.fetchval(QUERIES["claim_probe"], *key, seconds))
+
+
+@database_boundary
+async def open_breakers(conn: Connection) -> list[dict[str, Any]]:
+    return [dict(row) for row in await conn.fetch(QUERIES["open_breakers"])]

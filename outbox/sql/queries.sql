@@ -85,13 +85,25 @@ leased AS (
     WHERE m.outbox_message_id = due.outbox_message_id
       AND due.waits_for IS NULL
     RETURNING m.outbox_message_id, m.event_type, m.payload::text AS payload_text,
-              m.attempt_count, m.lease_token, m.created_at, m.ordering_key
+              m.attempt_count, m.lease_token, m.created_at, m.ordering_key,
+              m.endpoint_state::text AS endpoint_state
+),
+troubled AS (
+    -- The endpoints whose breaker counts failures or is open, for every relay to act on.
+    SELECT json_agg(json_build_object(
+               'event_type', event_type, 'endpoint', endpoint,
+               'failures', consecutive_failures, 'opens', opens,
+               'reopen_in', extract(epoch FROM reopen_at - now()),
+               'probing', COALESCE(probe_until > now(), false)))::text AS endpoints
+    FROM outbox_endpoints
+    WHERE consecutive_failures > 0 OR reopen_at IS NOT NULL
 )
 -- The payload is turned into text once per row (RETURNING cannot share an expression).
 SELECT due.outbox_message_id, leased.event_type,
        CASE WHEN octet_length(leased.payload_text) <= $4 THEN leased.payload_text END AS payload,
        octet_length(leased.payload_text) AS payload_bytes,
        leased.attempt_count, leased.lease_token, leased.created_at, leased.ordering_key,
+       leased.endpoint_state, (SELECT endpoints FROM troubled) AS troubled_endpoints,
        extract(epoch FROM now())::float8 AS database_now
 FROM due
 LEFT JOIN leased ON leased.outbox_message_id = due.outbox_message_id
@@ -99,11 +111,12 @@ LEFT JOIN parked ON parked.outbox_message_id = due.outbox_message_id
 WHERE leased.outbox_message_id IS NOT NULL OR parked.outbox_message_id IS NOT NULL;
 
 -- record_outcomes --
--- Write a whole batch of outcomes and their attempt history in one statement. $1…$12 are arrays,
--- one element per record, in the order of the column list below (store.OutcomeRow); $13 whether a
+-- Write a whole batch of outcomes and their attempt history in one statement. $1…$7 are arrays
+-- with one element per message, in the order of store.OutcomeRow; $8…$17 arrays with one
+-- element per attempt (an endpoint's delivery), in the order of store.AttemptRow; $18 whether a
 -- Failed message holds back later messages with its ordering key.
 -- Fenced by the lease token: a worker whose lease expired and was re-leased cannot overwrite the
--- newer outcome; its attempt is still kept in the history, with applied = false. Rows released
+-- newer outcome; its attempts are still kept in the history, with applied = false. Rows released
 -- without an attempt get no history. started_epoch (the worker's clock) is for the history only.
 -- A keyed message that is done (delivered, or Failed where that does not hold its key) lets the
 -- next message of its key go: parked behind it, that one is due now. Returns each applied
@@ -111,10 +124,16 @@ WHERE leased.outbox_message_id IS NOT NULL OR parked.outbox_message_id IS NOT NU
 WITH o AS (
     SELECT *
     FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[], $6::bool[],
-                $7::int[], $8::float8[], $9::int[], $10::int[], $11::text[], $12::text[])
+                $7::text[])
          AS o(outbox_message_id, lease_token, status, delay_seconds, last_error, not_attempted,
-              attempt_number, started_epoch, duration_ms, http_status, error_class,
-              response_snippet)
+              endpoint_state)
+),
+a AS (
+    SELECT *
+    FROM unnest($8::uuid[], $9::text[], $10::int[], $11::text[], $12::float8[], $13::int[],
+                $14::int[], $15::text[], $16::text[], $17::text[])
+         AS a(outbox_message_id, endpoint, attempt_number, status, started_epoch, duration_ms,
+              http_status, error_class, error, response_snippet)
 ),
 updated AS (
     UPDATE outbox_messages AS m
@@ -125,7 +144,8 @@ updated AS (
                                ELSE m.next_attempt_at END,
         processed_at = CASE WHEN o.status = 'Processed' THEN now() END,
         lease_expires_at = NULL,
-        last_error = CASE WHEN o.not_attempted THEN m.last_error ELSE o.last_error END
+        last_error = CASE WHEN o.not_attempted THEN m.last_error ELSE o.last_error END,
+        endpoint_state = o.endpoint_state::jsonb
     FROM o
     WHERE m.outbox_message_id = o.outbox_message_id
       AND m.status = 'Processing'
@@ -141,12 +161,12 @@ next_in_key AS (
         WHERE n.ordering_key = u.ordering_key
           AND n.ordering_seq > u.ordering_seq
           AND n.status <> 'Processed'
-          AND (n.status <> 'Failed' OR $13::bool)
+          AND (n.status <> 'Failed' OR $18::bool)
         ORDER BY n.ordering_seq
         LIMIT 1
     ) AS n
     WHERE u.ordering_key IS NOT NULL
-      AND (u.status = 'Processed' OR (u.status = 'Failed' AND NOT $13::bool))
+      AND (u.status = 'Processed' OR (u.status = 'Failed' AND NOT $18::bool))
       AND n.status = 'Pending'
 ),
 let_go AS (
@@ -161,14 +181,14 @@ let_go AS (
 history AS (
     INSERT INTO outbox_attempts
         (outbox_message_id, attempt_number, lease_token, started_at, finished_at, duration_ms,
-         outcome, applied, http_status, error_class, error, response_snippet)
-    SELECT o.outbox_message_id, o.attempt_number, o.lease_token, to_timestamp(o.started_epoch),
-           to_timestamp(o.started_epoch + o.duration_ms / 1000.0), o.duration_ms,
-           o.status, updated.outbox_message_id IS NOT NULL, o.http_status, o.error_class,
-           o.last_error, o.response_snippet
-    FROM o
-    LEFT JOIN updated ON updated.outbox_message_id = o.outbox_message_id
-    WHERE NOT o.not_attempted
+         outcome, applied, http_status, error_class, error, response_snippet, endpoint)
+    SELECT a.outbox_message_id, a.attempt_number, o.lease_token, to_timestamp(a.started_epoch),
+           to_timestamp(a.started_epoch + a.duration_ms / 1000.0), a.duration_ms,
+           a.status, updated.outbox_message_id IS NOT NULL, a.http_status, a.error_class,
+           a.error, a.response_snippet, a.endpoint
+    FROM a
+    JOIN o ON o.outbox_message_id = a.outbox_message_id
+    LEFT JOIN updated ON updated.outbox_message_id = a.outbox_message_id
 )
 SELECT u.outbox_message_id,
        COALESCE(n.next_attempt_at = 'infinity' OR n.next_attempt_at <= now(), false)
@@ -297,8 +317,10 @@ SELECT
 -- requeue_failed --
 -- Put one batch of Failed rows back to Pending, due now, with a fresh attempt budget; history
 -- is kept. Each filter applies when it is not NULL: $1 ids, $2 event type, $3/$4 created_at range
--- [from, to). Batches go in (created_at, id) order: $5/$6 the last row of the batch before (NULL
--- for the first), $7 the batch size. Returns the rows it requeued, in that order.
+-- [from, to), $8 an endpoint (its failures only). Batches go in (created_at, id) order: $5/$6 the
+-- last row of the batch before (NULL for the first), $7 the batch size. Only endpoints that
+-- failed are sent it again ($8's alone, when given); those that got it are not. Returns the rows
+-- it requeued, in that order.
 WITH batch AS (
     SELECT outbox_message_id
     FROM outbox_messages
@@ -307,6 +329,7 @@ WITH batch AS (
       AND ($2::text IS NULL OR event_type = $2::text)
       AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)
       AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
+      AND ($8::text IS NULL OR endpoint_state -> $8::text ->> 'status' = 'Failed')
       AND ($5::timestamptz IS NULL OR (created_at, outbox_message_id) > ($5, $6::uuid))
     ORDER BY created_at, outbox_message_id
     LIMIT $7
@@ -317,14 +340,22 @@ SET status = 'Pending',
     next_attempt_at = now(),
     attempt_count = 0,
     lease_expires_at = NULL,
-    processed_at = NULL
+    processed_at = NULL,
+    endpoint_state = (
+        SELECT jsonb_object_agg(
+                   e.name,
+                   CASE WHEN e.state ->> 'status' = 'Failed'
+                             AND ($8::text IS NULL OR e.name = $8::text)
+                        THEN jsonb_build_object('status', 'Pending', 'attempts', 0)
+                        ELSE e.state END)
+        FROM jsonb_each(m.endpoint_state) AS e(name, state))
 FROM batch
 WHERE m.outbox_message_id = batch.outbox_message_id
 RETURNING m.outbox_message_id, m.created_at;
 
 -- count_failed --
 -- What requeue_failed would touch, without touching it (the dry run): how many, and the first
--- $5 of their ids; $1…$4 as in requeue_failed
+-- $5 of their ids; $1…$4 as in requeue_failed, $6 its $8
 WITH matching AS (
     SELECT outbox_message_id, created_at
     FROM outbox_messages
@@ -333,6 +364,7 @@ WITH matching AS (
       AND ($2::text IS NULL OR event_type = $2::text)
       AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)
       AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
+      AND ($6::text IS NULL OR endpoint_state -> $6::text ->> 'status' = 'Failed')
 )
 SELECT (SELECT count(*) FROM matching) AS total,
        ARRAY(SELECT outbox_message_id FROM matching
@@ -406,3 +438,72 @@ INSERT INTO outbox_migrations (name, checksum) VALUES ($1, $2);
 -- database_exists --
 -- Whether a database of this name ($1) exists on the server (make run's embedded PostgreSQL)
 SELECT 1 FROM pg_database WHERE datname = $1;
+
+-- endpoint_failed --
+-- A relay saw $3 retryable failures in a row at endpoint ($1 event type, $2 name): count them,
+-- and open its breaker once they reach $4 (or at once when $5, a failed probe), unless it is
+-- open already: closed to deliveries for $6 s, doubling with each opening in a row, at most
+-- $7 s. While open, the endpoint's due messages that wait for nothing else (their other
+-- endpoints, $8, done) are pushed to when it reopens, so that leases stop taking them.
+-- Returns the seconds until it reopens (NULL: it is closed).
+WITH counted AS (
+    INSERT INTO outbox_endpoints AS e
+        (event_type, endpoint, consecutive_failures, opens, opened_at, reopen_at, updated_at)
+    VALUES ($1, $2, $3,
+            CASE WHEN $3 >= $4 OR $5 THEN 1 ELSE 0 END,
+            CASE WHEN $3 >= $4 OR $5 THEN now() END,
+            CASE WHEN $3 >= $4 OR $5 THEN now() + make_interval(secs => $6) END,
+            now())
+    ON CONFLICT (event_type, endpoint) DO UPDATE
+    SET consecutive_failures = e.consecutive_failures + $3,
+        opens = CASE WHEN (e.consecutive_failures + $3 >= $4 OR $5)
+                          AND (e.reopen_at IS NULL OR e.reopen_at <= now())
+                     THEN e.opens + 1 ELSE e.opens END,
+        opened_at = CASE WHEN e.consecutive_failures + $3 >= $4 OR $5
+                         THEN COALESCE(e.opened_at, now()) ELSE e.opened_at END,
+        reopen_at = CASE WHEN (e.consecutive_failures + $3 >= $4 OR $5)
+                              AND (e.reopen_at IS NULL OR e.reopen_at <= now())
+                         THEN now() + make_interval(secs => least($6 * power(2, e.opens), $7))
+                         ELSE e.reopen_at END,
+        probe_until = CASE WHEN $5 THEN NULL ELSE e.probe_until END,
+        updated_at = now()
+    RETURNING e.reopen_at
+),
+pushed AS (
+    UPDATE outbox_messages AS m
+    SET next_attempt_at = counted.reopen_at
+    FROM counted
+    WHERE counted.reopen_at > now()
+      AND m.event_type = $1
+      AND m.status = 'Pending'
+      AND m.next_attempt_at < counted.reopen_at
+      AND NOT EXISTS (
+            SELECT 1 FROM unnest($8::text[]) AS other(name)
+            WHERE COALESCE(m.endpoint_state -> other.name ->> 'status', 'Pending') = 'Pending')
+    RETURNING m.outbox_message_id
+)
+SELECT extract(epoch FROM reopen_at - now())::float8 AS reopen_in,
+       (SELECT count(*) FROM pushed) AS pushed
+FROM counted;
+
+-- endpoint_recovered --
+-- Endpoint ($1, $2) answered: its breaker closes and its count of failures starts again.
+DELETE FROM outbox_endpoints WHERE event_type = $1 AND endpoint = $2;
+
+-- claim_probe --
+-- Endpoint ($1, $2)'s cool-down is over: the first relay to ask sends the one probe request
+-- that decides, and holds the claim for $3 s (its timeout); true if this one got it.
+UPDATE outbox_endpoints
+SET probe_until = now() + make_interval(secs => $3), updated_at = now()
+WHERE event_type = $1 AND endpoint = $2
+  AND reopen_at <= now()
+  AND (probe_until IS NULL OR probe_until <= now())
+RETURNING true AS claimed;
+
+-- open_breakers --
+-- The endpoints whose breaker is open or waiting for its probe, for status
+SELECT event_type, endpoint, consecutive_failures, opens, opened_at, reopen_at,
+       probe_until > now() AS probing
+FROM outbox_endpoints
+WHERE reopen_at IS NOT NULL
+ORDER BY event_type, endpoint;

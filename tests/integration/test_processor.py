@@ -134,15 +134,19 @@ async def test_410_fails_at_once_and_keeps_the_row(
     assert stored["processed_at"] is None
 
 
-async def test_redirects_are_not_followed(db: Any, receiver: Receiver, make_settings: Any) -> None:
+async def test_redirects_are_not_followed_but_retried(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
     receiver.script("/orders", Reply(302, headers={"Location": receiver.url("/elsewhere")}))
     [message_id] = await seed(db)
     async with open_relay(make_settings()) as relay:
         await relay.processor.execute()
     assert receiver.to("/elsewhere") == []
     stored = await row(db, message_id)
-    assert stored["status"] == "Failed"
+    # Retried (a redirect is usually a moved endpoint, which a changed URL fixes), never followed.
+    assert stored["status"] == "Pending"
     assert stored["last_error"].startswith("HTTP 302")
+    assert "update the endpoint's URL" in stored["last_error"]
 
 
 async def test_unknown_event_type_fails_without_a_request(
@@ -324,6 +328,9 @@ class CountingPool:
         self.calls.append((name, len(args[0]) if name == "record_outcomes" else 0))
         return await self._pool.fetch(query, *args)
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)  # fetchrow, execute: not counted
+
 
 async def test_outcomes_of_a_batch_are_written_in_one_statement(
     db: Any, receiver: Receiver, make_settings: Any
@@ -353,10 +360,10 @@ def raising_for(message_id: Any, error: BaseException) -> Callable[[Deliver], De
     """A delivery wrapper that raises ``error`` for one message and delivers the others."""
 
     def wrap(publish: Deliver) -> Deliver:
-        async def deliver(message: Any) -> Any:
+        async def deliver(message: Any, endpoint: Any) -> Any:
             if message.message_id == message_id:
                 raise error
-            return await publish(message)
+            return await publish(message, endpoint)
 
         return deliver
 
@@ -488,8 +495,8 @@ async def test_a_result_that_cannot_be_classified_is_retried_and_the_batch_still
     ids = await seed(db, 5)
 
     def odd(publish: Deliver) -> Deliver:
-        async def deliver(message: Any) -> Any:
-            result = await publish(message)
+        async def deliver(message: Any, endpoint: Any) -> Any:
+            result = await publish(message, endpoint)
             # An answer nobody foresaw: deciding its outcome raises (here: not a result at all).
             return f"odd answer {SECRET}" if message.message_id == ids[2] else result
 

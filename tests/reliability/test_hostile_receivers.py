@@ -183,15 +183,15 @@ async def test_redirects_of_every_kind_are_not_followed(
     [message_id] = await seed(db)
     async with open_relay(make_settings()) as relay:
         summary = await relay.processor.execute()
-    assert summary.failed == 1
+    assert summary.retried == 1  # retried: the endpoint's URL may be updated meanwhile
     assert receiver.to("/elsewhere") == []
     stored = await row(db, message_id)
-    assert stored["status"] == "Failed"
+    assert stored["status"] == "Pending"
     assert stored["last_error"].startswith(f"HTTP {status}")
     assert "redirects are not followed" in stored["last_error"]
 
 
-@pytest.mark.parametrize("status", [500, 400])
+@pytest.mark.parametrize("status", [500, 410])
 async def test_nul_bytes_in_an_error_body_are_recorded_not_fatal(
     db: Any, receiver: Receiver, make_settings: Any, status: int
 ) -> None:

@@ -100,7 +100,8 @@ def test_example_settings_cover_every_setting_and_load() -> None:
         },
         queue_connection=values["AzureWebJobsStorage"],
     )
-    assert settings.webhooks["OrderCompleted"].signing_keys
+    [endpoint] = settings.endpoints["OrderCompleted"]
+    assert endpoint.signing_keys
 
 
 def test_local_settings_json_is_not_committed() -> None:

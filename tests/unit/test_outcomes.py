@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pytest
 
 from outbox.models import NotAttempted, Outcome, Response, Status, TransportError, Undeliverable
-from outbox.outcomes import MAX_ERROR_CHARS, attempt_facts, classify
+from outbox.outcomes import MAX_ERROR_CHARS, attempt_facts, classify, unwell
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 
@@ -34,24 +34,61 @@ def test_retryable_statuses_go_back_to_pending_with_backoff(status: int) -> None
     assert not outcome.not_attempted
 
 
-@pytest.mark.parametrize("status", [400, 401, 403, 404, 405, 409, 410, 413, 422, 451])
-def test_other_4xx_fail_at_once(status: int) -> None:
+@pytest.mark.parametrize("status", [400, 401, 403, 404, 405, 409, 413, 422, 451])
+def test_other_4xx_are_retried_as_a_receiver_s_mistake_usually_heals(status: int) -> None:
+    # A 401 from a rotated secret, a 404 from a deployment in progress, a 403 from a clock:
+    # retried like Svix, Stripe and Convoy do, not failed for good.
     outcome = outcome_of(Response(status, snippet="nope"), attempt=1)
-    assert outcome == Outcome(Status.FAILED, 0.0, f"HTTP {status}: nope")
+    assert outcome == Outcome(Status.PENDING, 10.0, f"HTTP {status}: nope")
+
+
+def test_410_gone_fails_at_once() -> None:
+    assert outcome_of(Response(410, snippet="gone")) == Outcome(
+        Status.FAILED, 0.0, "HTTP 410: gone"
+    )
+
+
+def test_an_endpoint_s_final_statuses_fail_at_once() -> None:
+    for status in (400, 422):
+        outcome = classify(
+            Response(status), attempt=1, max_attempts=5, now=NOW, final_statuses=(400, 422)
+        )
+        assert outcome == Outcome(Status.FAILED, 0.0, f"HTTP {status}")
+    again = classify(Response(404), attempt=1, max_attempts=5, now=NOW, final_statuses=(400,))
+    assert again.status is Status.PENDING
 
 
 @pytest.mark.parametrize("status", [300, 301, 302, 303, 304, 307, 308])
-def test_redirects_fail_at_once_because_they_are_not_followed(status: int) -> None:
+def test_redirects_are_retried_and_say_to_update_the_url(status: int) -> None:
     outcome = outcome_of(Response(status))
-    assert outcome.status is Status.FAILED
+    assert outcome.status is Status.PENDING
     assert outcome.error is not None
     assert outcome.error.startswith(f"HTTP {status}")
-    assert "redirects are not followed" in outcome.error
+    assert "redirects are not followed: update the endpoint's URL" in outcome.error
 
 
 @pytest.mark.parametrize("status", [100, 199, 600, 999])
-def test_statuses_outside_the_known_classes_fail(status: int) -> None:
-    assert outcome_of(Response(status)).status is Status.FAILED
+def test_statuses_outside_the_known_classes_are_retried(status: int) -> None:
+    assert outcome_of(Response(status)).status is Status.PENDING
+
+
+@pytest.mark.parametrize(
+    ("result", "verdict"),
+    [
+        (TransportError("refused"), True),
+        (Response(500), True),
+        (Response(503), True),
+        (Response(429), True),
+        (Response(408), True),
+        (Response(200), False),
+        (Response(404), False),
+        (Response(410), False),
+        (NotAttempted("stopping"), None),
+        (Undeliverable("no endpoint"), None),
+    ],
+)
+def test_what_counts_against_an_endpoint_s_breaker(result: object, verdict: bool | None) -> None:
+    assert unwell(result) is verdict  # type: ignore[arg-type]
 
 
 def test_transport_errors_are_retried() -> None:

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import re
 
-from outbox.store import QUERIES, OutcomeRow
+from outbox.store import QUERIES, AttemptRow, OutcomeRow
 
 
 def test_record_outcomes_columns_are_the_outcome_row_fields_in_order() -> None:
@@ -12,5 +12,9 @@ def test_record_outcomes_columns_are_the_outcome_row_fields_in_order() -> None:
     assert match is not None
     columns = [name.strip() for name in match.group(1).split(",")]
     assert columns == list(OutcomeRow._fields)
+    attempts = re.search(r"\) *\n? *AS a\(([^)]*)\)", statement)
+    assert attempts is not None
+    attempt_columns = [name.strip() for name in attempts.group(1).split(",")]
+    assert attempt_columns == list(AttemptRow._fields)
     arrays = re.findall(r"\$(\d+)::[a-z0-9]+\[\]", statement)
-    assert sorted(map(int, arrays)) == list(range(1, len(columns) + 1))
+    assert sorted(map(int, arrays)) == list(range(1, len(columns) + len(attempt_columns) + 1))

@@ -47,8 +47,9 @@ def test_every_setting_is_read_from_its_documented_name(env: pytest.MonkeyPatch)
     env.setenv("OUTBOX_CONCURRENCY", "4")
     env.setenv("OUTBOX_RUN_BUDGET_SECONDS", "30")
     settings = Settings.load()
-    assert settings.webhooks["A"].url == "https://a.example/h"
-    assert len(settings.webhooks["A"].signing_keys) == 1
+    [endpoint] = settings.endpoints["A"]
+    assert (endpoint.name, endpoint.url) == ("A", "https://a.example/h")
+    assert len(endpoint.signing_keys) == 1
     assert settings.queue_name == "my-hints"
     assert settings.queue_connection is not None
     assert settings.queue_connection.get_secret_value() == "UseDevelopmentStorage=true"
@@ -211,7 +212,8 @@ def test_rotation_accepts_several_space_separated_secrets(env: pytest.MonkeyPatc
         "OUTBOX_WEBHOOKS",
         json.dumps({"A": {"url": "https://x.example", "secret": f"{SECRET} {other}"}}),
     )
-    assert len(Settings.load().webhooks["A"].signing_keys) == 2
+    [endpoint] = Settings.load().endpoints["A"]
+    assert len(endpoint.signing_keys) == 2
 
 
 def test_settings_repr_hides_secrets(env: pytest.MonkeyPatch) -> None:

@@ -1,0 +1,150 @@
+"""A circuit breaker per endpoint, shared by every relay through the database, acted on at once.
+
+After ``THRESHOLD`` retryable failures in a row (connection errors, timeouts, 408, 429, 5xx)
+an endpoint opens for a cool-down (10 s, doubling while it keeps failing, at most 5 min): its
+messages are not sent and spend no attempt; they wait, Pending, and those that wait for nothing
+else are pushed to the end of the cool-down in one statement, so that leases stop taking them in
+front of healthy endpoints' messages. Then one relay claims the probe: one request decides, a
+success closing the breaker and a failure opening it again for longer. Any answer that is not a
+failure (2xx, 4xx but 408/429) closes it too: the endpoint is there.
+
+This process acts on its own observations at once (a dead endpoint must not hold its slots for
+a whole batch) and learns the others' at each lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+
+from outbox import store
+from outbox.errors import DatabaseError
+from outbox.logs import log_event
+
+logger = logging.getLogger(__name__)
+
+THRESHOLD = 10
+COOL_DOWN_SECONDS = (10.0, 300.0)  # the first cool-down, and the longest
+Key = tuple[str, str]  # (event type, endpoint name)
+
+
+@dataclass(slots=True)
+class _Breaker:
+    failures: int = 0  # in a row, as far as this process knows
+    unsaved: int = 0  # of those, not yet counted in the database
+    open_until: float | None = None  # monotonic; None: closed
+    probing: bool = False  # a probe is out (this process's or another's)
+
+
+SEND, PROBE = "send", "probe"
+
+
+class Breakers:
+    """The endpoints' breakers as this process knows them."""
+
+    def __init__(self, pool: store.Connection, others: Callable[[Key], Sequence[str]]) -> None:
+        self._pool = pool
+        self._others = others  # the other endpoints of the key's event type
+        self._known: dict[Key, _Breaker] = {}
+
+    def learn(self, seen: Iterable[store.BreakerSeen]) -> None:
+        """What a lease read of the database's breakers (the others' observations too)."""
+        now = time.monotonic()
+        fresh: dict[Key, _Breaker] = {}
+        for item in seen:
+            key = (item.event_type, item.endpoint)
+            mine = self._known.get(key, _Breaker())
+            opened = None if item.reopen_in is None else now + item.reopen_in
+            fresh[key] = _Breaker(
+                max(item.failures, mine.failures), mine.unsaved, opened, item.probing
+            )
+        for key, mine in self._known.items():
+            if key not in fresh and mine.unsaved:
+                fresh[key] = mine  # failures seen here since, not written yet
+        self._known = fresh
+
+    def verdict(self, key: Key) -> str | float:
+        """``SEND``; ``PROBE`` (the cool-down is over: claim the probe first); or the seconds
+        until the endpoint may be tried again."""
+        breaker = self._known.get(key)
+        if breaker is None or breaker.open_until is None:
+            return SEND
+        left = breaker.open_until - time.monotonic()
+        if left > 0:
+            return left
+        return 1.0 if breaker.probing else PROBE
+
+    async def claim_probe(self, key: Key, seconds: float) -> bool:
+        """Whether this process sends the probe of ``key`` (no other relay does), claiming it
+        for ``seconds`` (the probe's timeout)."""
+        try:
+            claimed = await store.claim_probe(self._pool, key, seconds)
+        except DatabaseError:
+            return False
+        breaker = self._known.setdefault(key, _Breaker())
+        breaker.probing = True  # ours, or another's: either way no second one from here
+        return claimed
+
+    async def observed(self, key: Key, unwell: bool | None, *, probe: bool) -> None:
+        """What a delivery to ``key`` came to: ``unwell`` (counts), answered, or never sent."""
+        if unwell is None:
+            return
+        breaker = self._known.setdefault(key, _Breaker())
+        if not unwell:
+            if breaker.failures or breaker.open_until is not None or probe:
+                self._known.pop(key, None)
+                await self._save(store.endpoint_recovered(self._pool, key))
+                log_event(logger, logging.INFO, "outbox.breaker", endpoint=key[1], state="closed")
+            return
+        breaker.failures += 1
+        breaker.unsaved += 1
+        if probe or (breaker.open_until is None and breaker.failures >= THRESHOLD):
+            await self._count(key, breaker, probe_failed=probe)
+
+    async def flush(self) -> None:
+        """Count in the database the failures seen here and not yet counted (at each batch)."""
+        for key, breaker in list(self._known.items()):
+            if breaker.unsaved:
+                await self._count(key, breaker, probe_failed=False)
+
+    async def _count(self, key: Key, breaker: _Breaker, *, probe_failed: bool) -> None:
+        failures, breaker.unsaved = breaker.unsaved, 0
+        was_open = breaker.open_until is not None
+        try:
+            reopen_in = await store.endpoint_failed(
+                self._pool,
+                key,
+                failures,
+                threshold=THRESHOLD,
+                probe_failed=probe_failed,
+                cool_down=COOL_DOWN_SECONDS,
+                others=self._others(key),
+            )
+        except DatabaseError as exc:
+            logger.warning("outbox: breaker of %s not saved (%s)", key[1], exc.kind)
+            breaker.unsaved += failures
+            reopen_in = None
+        if reopen_in is not None:
+            breaker.open_until = time.monotonic() + reopen_in
+            breaker.probing = False
+            if not was_open or probe_failed:
+                state = "reopened" if probe_failed else "open"
+                log_event(
+                    logger,
+                    logging.WARNING,
+                    "outbox.breaker",
+                    event_type=key[0],
+                    endpoint=key[1],
+                    state=state,
+                    failures=breaker.failures,
+                    reopen_in_s=round(reopen_in, 1),
+                )
+
+    @staticmethod
+    async def _save(write: Awaitable[None]) -> None:
+        try:
+            await write
+        except DatabaseError as exc:
+            logger.warning("outbox: breaker state not saved (%s)", exc.kind)
