@@ -7,7 +7,8 @@ Figures, each repeated and reported as a median:
 - latency: commit → webhook received at a steady offered load, one drain per wake-up hint;
 - scale: the lease statement with 10k and with 1M finished rows, and its plan; and with 1M rows
   waiting behind 1,000 held ordering keys;
-- memory: the relay's peak RSS draining a 100k backlog.
+- memory: the relay's peak RSS draining a 100k backlog;
+- isolation: 200 messages for a healthy endpoint behind 1,000 for one that never answers.
 
 The smoke run uses tiny sizes and checks only that every message of every contender arrived.
 """
@@ -20,10 +21,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import latency, memory, report, scale, throughput
+from bench import isolation, latency, memory, report, scale, throughput
 from bench.common import ReceiverProcess, admin_dsn, log
 
-PHASES = ("throughput", "latency", "scale", "memory")
+PHASES = ("throughput", "latency", "scale", "memory", "isolation")
 SMOKE = {
     "messages": 500,
     "rounds": 1,
@@ -38,6 +39,10 @@ SMOKE = {
     "held_fresh_keys": 5,
     "memory_messages": 1_000,
     "memory_runs": 1,
+    "isolation_dead": 50,
+    "isolation_healthy": 20,
+    "isolation_timeout": 1.0,
+    "isolation_runs": 1,
 }
 
 
@@ -62,6 +67,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--held-fresh-keys", type=int, default=50, help="held keys whose rows are parked afresh")
     add("--memory-messages", type=int, default=100_000)
     add("--memory-runs", type=int, default=3)
+    add("--isolation-dead", type=int, default=1_000, help="messages for the dead endpoint")
+    add("--isolation-healthy", type=int, default=200, help="messages for the healthy one")
+    add("--isolation-timeout", type=float, default=3.0, help="HTTP timeout, seconds")
+    add("--isolation-runs", type=int, default=3)
     add("--skip", default="", help=f"comma-separated phases to skip: {', '.join(PHASES)}")
     add("--output-json", type=Path, help="write the results here")
     add("--plot", type=Path, help="write the PNG plot here")
@@ -102,6 +111,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 receiver,
                 messages=args.memory_messages,
                 runs=args.memory_runs,
+                concurrency=args.concurrency,
+            )
+        if "isolation" not in skip:
+            results["isolation"] = await isolation.measure(
+                receiver,
+                dead=args.isolation_dead,
+                healthy=args.isolation_healthy,
+                http_timeout=args.isolation_timeout,
+                runs=args.isolation_runs,
                 concurrency=args.concurrency,
             )
     if "scale" not in skip:

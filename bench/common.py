@@ -131,12 +131,14 @@ class Database:
             await conn.close()
 
 
-async def enqueue_outbox(conn: Any, count: int, start: int = 0) -> None:
+async def enqueue_outbox(
+    conn: Any, count: int, start: int = 0, event_type: str = EVENT_TYPE
+) -> None:
     """``count`` events through the producer API, committed ``ENQUEUE_CHUNK`` at a time."""
     for first in range(start, start + count, ENQUEUE_CHUNK):
         async with conn.transaction():
             for i in range(first, min(first + ENQUEUE_CHUNK, start + count)):
-                await outbox.enqueue(conn, EVENT_TYPE, payload(i))
+                await outbox.enqueue(conn, event_type, payload(i))
 
 
 async def settle(conn: Any) -> None:

@@ -19,6 +19,13 @@ TARGETS = {
     "lease_large_vs_small": 2.0,  # at most
     "lease_held_vs_none": 2.0,  # at most
     "relay_peak_rss_mb": 200.0,  # at most
+    "healthy_behind_dead_seconds": 12.0,  # at most
+}
+AT_MOST = {
+    "lease_large_vs_small",
+    "lease_held_vs_none",
+    "relay_peak_rss_mb",
+    "healthy_behind_dead_seconds",
 }
 LABELS = {
     "raw": "raw HTTP ceiling",
@@ -160,10 +167,12 @@ def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         found["lease_held_vs_none"] = results["held_keys"]["ratio"]
     if "memory" in results:
         found["relay_peak_rss_mb"] = results["memory"]["peak_rss_mb_median"]
+    if "isolation" in results:
+        found["healthy_behind_dead_seconds"] = results["isolation"]["behind_dead_seconds_median"]
     verdicts = {}
     for name, value in found.items():
         goal = TARGETS[name]
-        at_most = name in ("lease_large_vs_small", "lease_held_vs_none", "relay_peak_rss_mb")
+        at_most = name in AT_MOST
         verdicts[name] = {
             "value": value,
             "target": f"<= {goal:g}" if at_most else f">= {goal:g}",
@@ -289,6 +298,7 @@ def table(doc: dict[str, Any]) -> str:
         "lease_large_vs_small": "lease time, large ÷ small table",
         "lease_held_vs_none": "lease time, with ÷ without rows behind held keys",
         "relay_peak_rss_mb": "relay peak RSS (MB)",
+        "healthy_behind_dead_seconds": "healthy endpoint's messages behind a dead one (s)",
     }
     for key, label in names.items():
         if key in verdicts:
@@ -345,5 +355,14 @@ def _lease_lines(doc: dict[str, Any]) -> list[str]:
             f"{held['without']['lease_ms_median']:g} / {held['with']['lease_ms_median']:g} ms "
             f"(ratio {held['ratio']:g}); parking {parking['rows']:,} rows the first time: "
             f"{parking['leases']} leases, {parking['seconds']:g} s | |"
+        )
+    if "isolation" in doc:
+        iso = doc["isolation"]
+        lines.append(
+            f"| {iso['healthy']:,} messages for a healthy endpoint, alone / behind "
+            f"{iso['dead']:,} for one that never answers (timeout {iso['timeout_seconds']:g} s) | "
+            f"{iso['alone_seconds_median']:g} / {iso['behind_dead_seconds_median']:g} s; the dead "
+            f"endpoint got {iso['dead_requests_median']:g} requests, "
+            f"{iso['failed_by_breaker']} failed | |"
         )
     return lines

@@ -35,7 +35,9 @@ class _Breaker:
     failures: int = 0  # in a row, as far as this process knows
     unsaved: int = 0  # of those, not yet counted in the database
     open_until: float | None = None  # monotonic; None: closed
-    probing: bool = False  # a probe is out (this process's or another's)
+    probing: bool = False  # another relay's probe is out
+    probing_here: bool = False  # this process's probe is out: the rest wait for its answer
+    changed: float = 0.0  # when this process last changed it (monotonic)
 
 
 SEND, PROBE = "send", "probe"
@@ -49,21 +51,35 @@ class Breakers:
         self._others = others  # the other endpoints of the key's event type
         self._known: dict[Key, _Breaker] = {}
 
-    def learn(self, seen: Iterable[store.BreakerSeen]) -> None:
-        """What a lease read of the database's breakers (the others' observations too)."""
+    def learn(self, seen: Iterable[store.BreakerSeen], as_of: float) -> None:
+        """What a lease sent at ``as_of`` (monotonic) read of the database's breakers, the
+        others' observations too; what this process changed since is newer and stays."""
         now = time.monotonic()
         fresh: dict[Key, _Breaker] = {}
         for item in seen:
             key = (item.event_type, item.endpoint)
-            mine = self._known.get(key, _Breaker())
+            mine = self._known.get(key)
+            if mine is not None and mine.changed > as_of:
+                fresh[key] = mine
+                continue
             opened = None if item.reopen_in is None else now + item.reopen_in
             fresh[key] = _Breaker(
-                max(item.failures, mine.failures), mine.unsaved, opened, item.probing
+                max(item.failures, mine.failures if mine else 0),
+                mine.unsaved if mine else 0,
+                opened,
+                item.probing and not (mine and mine.probing_here),
+                bool(mine and mine.probing_here),
+                mine.changed if mine else 0.0,
             )
         for key, mine in self._known.items():
-            if key not in fresh and mine.unsaved:
-                fresh[key] = mine  # failures seen here since, not written yet
+            if key not in fresh and (mine.changed > as_of or mine.unsaved or mine.probing_here):
+                fresh[key] = mine  # newer than what the lease read, or not written yet
         self._known = fresh
+
+    def holds_back(self, key: Key) -> bool:
+        """Whether ``key``'s deliveries wait for this process's probe to be answered."""
+        breaker = self._known.get(key)
+        return breaker is not None and breaker.probing_here
 
     def verdict(self, key: Key) -> str | float:
         """``SEND``; ``PROBE`` (the cool-down is over: claim the probe first); or the seconds
@@ -74,24 +90,30 @@ class Breakers:
         left = breaker.open_until - time.monotonic()
         if left > 0:
             return left
-        return 1.0 if breaker.probing else PROBE
+        return 1.0 if breaker.probing or breaker.probing_here else PROBE
 
     async def claim_probe(self, key: Key, seconds: float) -> bool:
         """Whether this process sends the probe of ``key`` (no other relay does), claiming it
-        for ``seconds`` (the probe's timeout)."""
+        for ``seconds`` (the probe's timeout); meanwhile the rest wait here for its answer."""
+        breaker = self._touch(key)
+        breaker.probing_here = True  # before the claim: no second one from here
         try:
             claimed = await store.claim_probe(self._pool, key, seconds)
         except DatabaseError:
-            return False
-        breaker = self._known.setdefault(key, _Breaker())
-        breaker.probing = True  # ours, or another's: either way no second one from here
+            claimed = False
+        breaker.probing_here, breaker.probing = claimed, not claimed
+        breaker.changed = time.monotonic()
         return claimed
 
     async def observed(self, key: Key, unwell: bool | None, *, probe: bool) -> None:
         """What a delivery to ``key`` came to: ``unwell`` (counts), answered, or never sent."""
         if unwell is None:
+            if probe:  # the probe was not even sent: another delivery may probe
+                self._touch(key).probing_here = False
             return
-        breaker = self._known.setdefault(key, _Breaker())
+        breaker = self._touch(key)
+        if probe:
+            breaker.probing_here = False
         if not unwell:
             if breaker.failures or breaker.open_until is not None or probe:
                 self._known.pop(key, None)
@@ -101,17 +123,26 @@ class Breakers:
         breaker.failures += 1
         breaker.unsaved += 1
         if probe or (breaker.open_until is None and breaker.failures >= THRESHOLD):
-            await self._count(key, breaker, probe_failed=probe)
+            # Open here at once; the database says for how long, and tells the others.
+            breaker.open_until = time.monotonic() + COOL_DOWN_SECONDS[0]
+            await self._count(key, breaker, probe_failed=probe, announce=True)
+
+    def _touch(self, key: Key) -> _Breaker:
+        breaker = self._known.setdefault(key, _Breaker())
+        breaker.changed = time.monotonic()
+        return breaker
 
     async def flush(self) -> None:
         """Count in the database the failures seen here and not yet counted (at each batch)."""
         for key, breaker in list(self._known.items()):
             if breaker.unsaved:
-                await self._count(key, breaker, probe_failed=False)
+                await self._count(key, breaker, probe_failed=False, announce=False)
 
-    async def _count(self, key: Key, breaker: _Breaker, *, probe_failed: bool) -> None:
+    async def _count(
+        self, key: Key, breaker: _Breaker, *, probe_failed: bool, announce: bool
+    ) -> None:
+        """Write the failures not yet counted; ``announce``: this process just opened it."""
         failures, breaker.unsaved = breaker.unsaved, 0
-        was_open = breaker.open_until is not None
         try:
             reopen_in = await store.endpoint_failed(
                 self._pool,
@@ -126,10 +157,11 @@ class Breakers:
             logger.warning("outbox: breaker of %s not saved (%s)", key[1], exc.kind)
             breaker.unsaved += failures
             reopen_in = None
+        breaker.changed = time.monotonic()
         if reopen_in is not None:
             breaker.open_until = time.monotonic() + reopen_in
             breaker.probing = False
-            if not was_open or probe_failed:
+            if announce:
                 state = "reopened" if probe_failed else "open"
                 log_event(
                     logger,

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -33,6 +34,8 @@ class BacklogStatus:
     held_back: int
     # This host's clock minus the database's, in seconds.
     clock_offset_seconds: float
+    # Endpoints whose circuit breaker is open: since when, the next probe, failures in a row.
+    open_breakers: list[dict[str, Any]]
     alert_threshold_seconds: float
     healthy: bool
     problems: list[str] = field(default_factory=list)
@@ -50,6 +53,7 @@ async def backlog_status(conn: store.Connection, threshold_seconds: float) -> Ba
     """
     sent = time.time()
     row = await store.backlog_status(conn)
+    breakers = await store.open_breakers(conn)
     offset = (sent + time.time()) / 2 - row["database_now"]
     oldest = row["oldest_unpublished_age_seconds"]
     problems = []
@@ -72,6 +76,17 @@ async def backlog_status(conn: store.Connection, threshold_seconds: float) -> Ba
         expired_leases=row["expired_leases"],
         held_back=row["held_back"],
         clock_offset_seconds=round(offset, 1),
+        open_breakers=[
+            {
+                "event_type": b["event_type"],
+                "endpoint": b["endpoint"],
+                "since": _iso(b["opened_at"]),
+                "next_probe": _iso(b["reopen_at"]),
+                "probing": bool(b["probing"]),
+                "consecutive_failures": b["consecutive_failures"],
+            }
+            for b in breakers
+        ],
         alert_threshold_seconds=threshold_seconds,
         healthy=not problems,
         problems=problems,
@@ -158,7 +173,42 @@ async def show(conn: store.Connection, message_id: UUID) -> dict[str, Any] | Non
     if isinstance(message["payload"], str):
         message["payload"] = json.loads(message["payload"])  # the JSON object, not its text
     message["attempts"] = await store.fetch_attempts(conn, message_id)
+    state = message.pop("endpoint_state")
+    message["endpoints"] = endpoints_of(message, json.loads(state) if state else None)
     return message
+
+
+def endpoints_of(
+    message: dict[str, Any], state: dict[str, dict[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """Where each endpoint that has been tried stands: its status, attempts and last error.
+
+    Its kept state where the endpoints differ; otherwise the row's status, and the count and
+    last error of the endpoint's attempts in the history."""
+    history: dict[str, list[dict[str, Any]]] = {}
+    for attempt in message["attempts"]:
+        if attempt["endpoint"] is not None:
+            history.setdefault(attempt["endpoint"], []).append(attempt)
+    names = list(dict.fromkeys([*(state or {}), *history]))
+    shown = []
+    for name in names:
+        tried = history.get(name, [])
+        kept = (state or {}).get(name)
+        shown.append(
+            {
+                "endpoint": name,
+                "status": kept["status"] if kept else message["status"],
+                "attempts": kept["attempts"] if kept else len(tried),
+                "last_error": kept.get("error")
+                if kept
+                else (tried[-1]["error"] if tried else None),
+            }
+        )
+    return shown
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
 
 
 def _rounded(seconds: float | None) -> float | None:

@@ -244,7 +244,7 @@ class OutboxProcessor:
         budget = min(budget_seconds or self._settings.run_budget_seconds, 3600.0)
         run = _Run(summary, started + budget, stop_rule(until_caught_up=until_caught_up))
         batches: set[asyncio.Task[None]] = set()
-        work = _Dispatch(self._endpoint_slots.has_room)
+        work = _Dispatch(self._has_room)
         self._endpoint_slots.listeners.add(work)
         loops = [
             asyncio.create_task(self._deliver_loop(work)) for _ in range(self._settings.concurrency)
@@ -322,7 +322,7 @@ class OutboxProcessor:
         """Lease up to ``size`` messages, counted as waiting from before the statement is sent."""
         self._admission.reserve(size)
         leased = 0
-        sent = time.time()
+        sent, asked = time.time(), time.monotonic()
         try:
             lease = await store.lease_batch(
                 self._pool,
@@ -335,7 +335,7 @@ class OutboxProcessor:
             if lease.database_now is not None:
                 self.clock.observe(lease.database_now, sent, time.time())
             if lease.troubled is not None:
-                self._breakers.learn(lease.troubled)
+                self._breakers.learn(lease.troubled, as_of=asked)
             return lease
         finally:
             self._admission.release(size - leased)
@@ -368,6 +368,11 @@ class OutboxProcessor:
         batch.remaining = len(batch.all_deliveries())
         if not batch.remaining:
             batch.delivered.set_result(None)
+
+    def _has_room(self, key: Key) -> bool:
+        """Whether a delivery to ``key`` may be taken now: under its max_concurrency, and not
+        while this process's probe of its breaker waits for an answer."""
+        return self._endpoint_slots.has_room(key) and not self._breakers.holds_back(key)
 
     def _other_endpoints(self, key: Key) -> Sequence[str]:
         event_type, name = key

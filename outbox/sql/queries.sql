@@ -317,7 +317,8 @@ SELECT
 -- requeue_failed --
 -- Put one batch of Failed rows back to Pending, due now, with a fresh attempt budget; history
 -- is kept. Each filter applies when it is not NULL: $1 ids, $2 event type, $3/$4 created_at range
--- [from, to), $8 an endpoint (its failures only). Batches go in (created_at, id) order: $5/$6 the
+-- [from, to), $8 an endpoint (its failures only; a row that keeps no endpoint state failed at
+-- its single endpoint, named after its event type). Batches go in (created_at, id) order: $5/$6 the
 -- last row of the batch before (NULL for the first), $7 the batch size. Only endpoints that
 -- failed are sent it again ($8's alone, when given); those that got it are not. Returns the rows
 -- it requeued, in that order.
@@ -329,7 +330,8 @@ WITH batch AS (
       AND ($2::text IS NULL OR event_type = $2::text)
       AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)
       AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
-      AND ($8::text IS NULL OR endpoint_state -> $8::text ->> 'status' = 'Failed')
+      AND ($8::text IS NULL OR endpoint_state -> $8::text ->> 'status' = 'Failed'
+           OR (endpoint_state IS NULL AND event_type = $8::text))
       AND ($5::timestamptz IS NULL OR (created_at, outbox_message_id) > ($5, $6::uuid))
     ORDER BY created_at, outbox_message_id
     LIMIT $7
@@ -364,7 +366,8 @@ WITH matching AS (
       AND ($2::text IS NULL OR event_type = $2::text)
       AND ($3::timestamptz IS NULL OR created_at >= $3::timestamptz)
       AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
-      AND ($6::text IS NULL OR endpoint_state -> $6::text ->> 'status' = 'Failed')
+      AND ($6::text IS NULL OR endpoint_state -> $6::text ->> 'status' = 'Failed'
+           OR (endpoint_state IS NULL AND event_type = $6::text))
 )
 SELECT (SELECT count(*) FROM matching) AS total,
        ARRAY(SELECT outbox_message_id FROM matching
@@ -405,8 +408,8 @@ SELECT * FROM outbox_messages WHERE outbox_message_id = $1;
 
 -- show_attempts --
 -- A message's delivery attempts, oldest first
-SELECT attempt_number, lease_token, started_at, finished_at, duration_ms, outcome, applied,
-       http_status, error_class, error, response_snippet
+SELECT endpoint, attempt_number, lease_token, started_at, finished_at, duration_ms, outcome,
+       applied, http_status, error_class, error, response_snippet
 FROM outbox_attempts
 WHERE outbox_message_id = $1
 ORDER BY attempt_id;
@@ -449,23 +452,25 @@ SELECT 1 FROM pg_database WHERE datname = $1;
 WITH counted AS (
     INSERT INTO outbox_endpoints AS e
         (event_type, endpoint, consecutive_failures, opens, opened_at, reopen_at, updated_at)
-    VALUES ($1, $2, $3,
-            CASE WHEN $3 >= $4 OR $5 THEN 1 ELSE 0 END,
-            CASE WHEN $3 >= $4 OR $5 THEN now() END,
-            CASE WHEN $3 >= $4 OR $5 THEN now() + make_interval(secs => $6) END,
+    VALUES ($1::text, $2::text, $3::int,
+            CASE WHEN $3::int >= $4::int OR $5::bool THEN 1 ELSE 0 END,
+            CASE WHEN $3::int >= $4::int OR $5::bool THEN now() END,
+            CASE WHEN $3::int >= $4::int OR $5::bool
+                 THEN now() + make_interval(secs => $6::float8) END,
             now())
     ON CONFLICT (event_type, endpoint) DO UPDATE
-    SET consecutive_failures = e.consecutive_failures + $3,
-        opens = CASE WHEN (e.consecutive_failures + $3 >= $4 OR $5)
+    SET consecutive_failures = e.consecutive_failures + $3::int,
+        opens = CASE WHEN (e.consecutive_failures + $3::int >= $4::int OR $5::bool)
                           AND (e.reopen_at IS NULL OR e.reopen_at <= now())
                      THEN e.opens + 1 ELSE e.opens END,
-        opened_at = CASE WHEN e.consecutive_failures + $3 >= $4 OR $5
+        opened_at = CASE WHEN e.consecutive_failures + $3::int >= $4::int OR $5::bool
                          THEN COALESCE(e.opened_at, now()) ELSE e.opened_at END,
-        reopen_at = CASE WHEN (e.consecutive_failures + $3 >= $4 OR $5)
+        reopen_at = CASE WHEN (e.consecutive_failures + $3::int >= $4::int OR $5::bool)
                               AND (e.reopen_at IS NULL OR e.reopen_at <= now())
-                         THEN now() + make_interval(secs => least($6 * power(2, e.opens), $7))
+                         THEN now() + make_interval(
+                             secs => least($6::float8 * power(2, e.opens), $7::float8))
                          ELSE e.reopen_at END,
-        probe_until = CASE WHEN $5 THEN NULL ELSE e.probe_until END,
+        probe_until = CASE WHEN $5::bool THEN NULL ELSE e.probe_until END,
         updated_at = now()
     RETURNING e.reopen_at
 ),
@@ -474,7 +479,7 @@ pushed AS (
     SET next_attempt_at = counted.reopen_at
     FROM counted
     WHERE counted.reopen_at > now()
-      AND m.event_type = $1
+      AND m.event_type = $1::text
       AND m.status = 'Pending'
       AND m.next_attempt_at < counted.reopen_at
       AND NOT EXISTS (

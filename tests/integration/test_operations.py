@@ -33,6 +33,7 @@ async def test_status_of_an_empty_outbox_is_healthy(db: Any) -> None:
         "oldest_failed_age_seconds": None,
         "expired_leases": 0,
         "held_back": 0,
+        "open_breakers": [],
         "alert_threshold_seconds": 900,
         "healthy": True,
         "problems": [],

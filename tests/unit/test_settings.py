@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -325,3 +326,81 @@ def test_a_key_that_looks_like_a_secret_is_never_quoted(env: pytest.MonkeyPatch,
 def test_a_key_that_looks_like_an_event_type_is_named(env: pytest.MonkeyPatch, key: str) -> None:
     env.setenv("OUTBOX_WEBHOOKS", json.dumps({key: {"url": 5}}))
     assert f"OUTBOX_WEBHOOKS[{key!r}].url" in load_error()
+
+
+def test_an_event_type_may_have_several_named_endpoints_with_headers_and_limits(
+    env: pytest.MonkeyPatch,
+) -> None:
+    env.setenv(
+        "OUTBOX_WEBHOOKS",
+        json.dumps(
+            {
+                "OrderCompleted": [
+                    {"name": "billing", "url": "https://billing.example/h", "secret": SECRET},
+                    {
+                        "name": "shipping",
+                        "url": "https://ship.example/in",
+                        "headers": {"Authorization": "Bearer abcdefgh12345678"},
+                        "timeout_seconds": 3,
+                        "max_concurrency": 4,
+                        "final_statuses": [400, 422],
+                    },
+                ],
+                "InvoicePaid": {"url": "https://erp.example/i"},
+            }
+        ),
+    )
+    settings = Settings.load()
+    billing, shipping = settings.endpoints["OrderCompleted"]
+    assert (billing.name, shipping.name) == ("billing", "shipping")
+    assert shipping.headers["Authorization"].get_secret_value() == "Bearer abcdefgh12345678"
+    assert (shipping.timeout(10), billing.timeout(10)) == (3, 10)
+    assert (shipping.max_concurrency, shipping.final_statuses) == (4, (400, 422))
+    [invoice] = settings.endpoints["InvoicePaid"]
+    assert invoice.name == "InvoicePaid"  # a single endpoint is named after its event type
+    assert "abcdefgh12345678" not in repr(settings)
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "expected"),
+    [
+        (
+            {"url": "https://x.example", "headers": {"Webhook-Signature": "v1,forged"}},
+            "OUTBOX_WEBHOOKS['A'].headers: header Webhook-Signature is the relay's own",
+        ),
+        (
+            [{"name": "a", "url": "https://x.example", "headers": {"traceparent": "00-x"}}],
+            "OUTBOX_WEBHOOKS['A'][0].headers: header traceparent is the relay's own",
+        ),
+        (
+            {"url": "https://x.example", "headers": {"X-Key": "one\r\nX-Injected: two"}},
+            "header X-Key's value holds a line break or NUL",
+        ),
+        (
+            [{"url": "https://x.example"}],
+            "OUTBOX_WEBHOOKS: ['A']: each endpoint of a list needs a name",
+        ),
+        (
+            [{"name": "a", "url": "https://x.example"}, {"name": "a", "url": "https://y.example"}],
+            "endpoint names must be unique within an event type",
+        ),
+        ([], "a list of endpoints must not be empty"),
+        ([{"name": "a b", "url": "https://x.example"}], "OUTBOX_WEBHOOKS['A'][0].name: "),
+        ({"url": "https://x.example", "final_statuses": [200]}, "final_statuses must be HTTP"),
+        ({"url": "https://x.example", "max_concurrency": 0}, "['A'].max_concurrency: "),
+        (
+            {"url": "https://x.example", "timeout_seconds": 40},
+            "OUTBOX_LEASE_SECONDS (60) must be at least 2 * the longest timeout_seconds of "
+            "OUTBOX_WEBHOOKS + 1 = 81",
+        ),
+        ({"url": "https://x.example", "colour": "red"}, "['A'].colour: Extra inputs"),
+    ],
+)
+def test_a_bad_endpoint_is_refused_with_a_message_that_names_where(
+    env: pytest.MonkeyPatch, endpoints: Any, expected: str
+) -> None:
+    env.setenv("OUTBOX_WEBHOOKS", json.dumps({"A": endpoints}))
+    error = load_error()
+    assert expected.replace("Value error, ", "") in error
+    assert "forged" not in error
+    assert "X-Injected" not in error
