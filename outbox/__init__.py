@@ -1,5 +1,10 @@
-"""Transactional outbox relay: rows written with your business data, delivered as webhooks."""
+"""Transactional outbox relay: rows written with your business data, delivered as webhooks.
 
+``outbox.enqueue`` / ``transaction`` / ``notify`` for async code, ``outbox.sync`` for synchronous
+code, ``outbox.inbox`` for the receiving service (signature check and duplicate detection).
+"""
+
+from outbox import inbox, sync
 from outbox.errors import (
     ConfigurationError,
     DuplicateMessageError,
@@ -26,6 +31,8 @@ __all__ = [
     "TransactionRequiredError",
     "WakeUpQueue",
     "enqueue",
+    "inbox",
     "notify",
+    "sync",
     "transaction",
 ]

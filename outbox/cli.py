@@ -1,7 +1,8 @@
 """``python -m outbox``: the relay's command line (thin: each command calls the package).
 
 Every command prints one JSON object on stdout. Exit status: 0 ok, 1 failed (or, for ``status``,
-unhealthy), 2 bad settings or arguments.
+unhealthy), 2 bad settings or arguments. ``migrate --inbox`` and ``purge --inbox`` serve a
+consumer's database: they read ``OUTBOX_DATABASE_URL`` and no other setting.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from outbox import operations, requests, store
 from outbox.console import configure_cli, configure_console, help_text
@@ -26,12 +28,12 @@ from outbox.errors import (
     InvalidMessageError,
     OutboxError,
 )
-from outbox.migrate import migrate
+from outbox.migrate import migrate, migrate_inbox
 from outbox.producer import enqueue
 from outbox.redact import Redactor
 from outbox.runenv import load_run_env
 from outbox.runtime import Relay
-from outbox.settings import Settings
+from outbox.settings import DatabaseSettings, Settings
 from outbox.wakeup import notify_once
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
@@ -44,8 +46,13 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    commands.add_parser(
+    migrate_cmd = commands.add_parser(
         "migrate", help="apply pending migrations (safe to run twice, or in parallel)"
+    )
+    migrate_cmd.add_argument(
+        "--inbox",
+        action="store_true",
+        help="the consumer inbox's (outbox_inbox) instead of the relay's",
     )
     drain = commands.add_parser("drain", help="deliver every due message once")
     drain.add_argument(
@@ -69,7 +76,18 @@ def build_parser() -> argparse.ArgumentParser:
     requeue.add_argument("--created-to", type=datetime.fromisoformat, metavar="ISO8601")
     requeue.add_argument("--all-failed", action="store_true", help="every Failed message")
     requeue.add_argument("--dry-run", action="store_true", help="report, change nothing")
-    commands.add_parser("purge", help="delete Processed (and old Failed) rows past retention")
+    purge = commands.add_parser(
+        "purge", help="delete Processed (and old Failed) rows past retention"
+    )
+    purge.add_argument(
+        "--inbox", action="store_true", help="delete old consumer inbox rows instead"
+    )
+    purge.add_argument(
+        "--older-than-days",
+        type=positive_days,
+        metavar="N",
+        help="with --inbox: delete rows received more than N days ago",
+    )
     show = commands.add_parser("show", help="one message with its attempt history")
     show.add_argument("message_id", type=uuid.UUID)
     serve_cmd = commands.add_parser(
@@ -100,6 +118,31 @@ def positive_seconds(text: str) -> float:
     if not math.isfinite(seconds) or seconds <= 0:
         raise argparse.ArgumentTypeError("must be a finite number of seconds greater than 0")
     return seconds
+
+
+def positive_days(text: str) -> int:
+    """``--older-than-days``: a whole number of days, at least 1 (0 would empty the inbox)."""
+    try:
+        days = int(text)
+    except ValueError:
+        days = 0
+    if not 1 <= days <= 36500:
+        raise argparse.ArgumentTypeError("must be a whole number of days from 1 to 36500")
+    return days
+
+
+def flag_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with a combination of flags that argparse cannot check on its own."""
+    if args.command != "purge":
+        return None
+    if args.inbox and args.older_than_days is None:
+        return "purge --inbox needs --older-than-days N: how long inbox rows are kept"
+    if not args.inbox and args.older_than_days is not None:
+        return (
+            "--older-than-days applies to purge --inbox only; the outbox's own rows are kept "
+            "for OUTBOX_RETENTION_DAYS"
+        )
+    return None
 
 
 def emit(data: Any) -> None:
@@ -203,6 +246,24 @@ CONNECTION_COMMANDS: dict[str, ConnectionCommand] = {
 }
 
 
+async def run_migrate_inbox(conn: Any, args: argparse.Namespace) -> int:
+    emit({"applied": await migrate_inbox(conn)})
+    return EXIT_OK
+
+
+async def run_purge_inbox(conn: Any, args: argparse.Namespace) -> int:
+    report = await operations.purge_inbox(conn, older_than_days=args.older_than_days)
+    emit(report.as_dict())
+    return EXIT_OK
+
+
+InboxCommand = Callable[[Any, argparse.Namespace], Awaitable[int]]
+INBOX_COMMANDS: dict[str, InboxCommand] = {
+    "migrate": run_migrate_inbox,
+    "purge": run_purge_inbox,
+}
+
+
 async def run_serve(settings: Settings, args: argparse.Namespace) -> int:
     # Only this command needs the self-host (and its web server): imported for it alone.
     from outbox import serve  # noqa: PLC0415
@@ -228,6 +289,22 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
         await conn.close()
 
 
+async def run_inbox(settings: DatabaseSettings, args: argparse.Namespace) -> int:
+    conn = await store.connect(settings.database_url.get_secret_value())
+    try:
+        return await store.database_boundary(INBOX_COMMANDS[args.command])(conn, args)
+    finally:
+        await conn.close()
+
+
+def redactor(settings: Settings | DatabaseSettings) -> Redactor:
+    """Hides every secret of ``settings`` (of a consumer's, the database URL and its password)."""
+    if isinstance(settings, Settings):
+        return Redactor.from_settings(settings)
+    url = settings.database_url.get_secret_value()
+    return Redactor([url, urlsplit(url).password or ""])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
@@ -235,19 +312,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         configure_cli()
     load_run_env()
+    inbox = bool(getattr(args, "inbox", False))
+    settings: Settings | DatabaseSettings
     try:
-        settings = Settings.load()
+        problem = flag_problem(args)
+        if problem:
+            raise BadRequestError(problem)
+        settings = DatabaseSettings.load() if inbox else Settings.load()
     except OutboxError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     try:
-        return asyncio.run(run(settings, args))
+        if isinstance(settings, Settings):
+            return asyncio.run(run(settings, args))
+        return asyncio.run(run_inbox(settings, args))
     except (BadRequestError, InvalidMessageError, ConfigurationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_CONFIG
     except DatabaseError as exc:
-        redact = Redactor.from_settings(settings)
-        print(f"error: database: {redact(str(exc))}", file=sys.stderr)
+        print(f"error: database: {redactor(settings)(str(exc))}", file=sys.stderr)
         return EXIT_FAILED
     except OutboxError as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -24,6 +24,12 @@ class DuplicateMessageError(OutboxError):
     """``enqueue`` was given a message id that already exists in ``outbox_messages``."""
 
 
+class InvalidSignature(OutboxError):
+    """A webhook request failed ``outbox.inbox.verify``: a header missing or malformed, a timestamp
+    outside the tolerance, no signature that matches, or a body that is not a webhook event. The
+    message says which, never with a secret or a signature in it; answer such a request 4xx."""
+
+
 class MigrationError(OutboxError):
     """The migrations on disk disagree with the ones recorded in the database."""
 

@@ -2,7 +2,8 @@
 
 They travel with the package: ``outbox/migrations`` in an installed wheel (built from the
 repository's ``migrations/`` folder), or that folder itself beside the package in a checkout or a
-Functions app's deployment.
+Functions app's deployment. The consumer's inbox has a set of its own in ``inbox/`` there, applied
+by ``migrate_inbox`` and recorded apart from the relay's.
 """
 
 from __future__ import annotations
@@ -20,18 +21,22 @@ from outbox.errors import MigrationError
 logger = logging.getLogger(__name__)
 
 
-def migrations_dir() -> Traversable:
-    """Where the migrations are: inside the installed package, else beside it (a checkout)."""
+def migrations_dir(subfolder: str | None = None) -> Traversable:
+    """Where the migrations are (``subfolder``: the inbox's): inside the installed package, else
+    beside it (a checkout)."""
+    package = "outbox.migrations" + (f".{subfolder}" if subfolder else "")
     try:
-        packaged = resources.files("outbox.migrations")
+        packaged = resources.files(package)
     except ModuleNotFoundError:
         packaged = None
     if packaged is not None and packaged.is_dir():
         return packaged
-    return Path(__file__).resolve().parent.parent / "migrations"
+    beside = Path(__file__).resolve().parent.parent / "migrations"
+    return beside / subfolder if subfolder else beside
 
 
 MIGRATIONS_DIR = migrations_dir()
+INBOX_MIGRATIONS_DIR = migrations_dir("inbox")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,15 +67,30 @@ async def migrate(conn: store.Connection, directory: Traversable | None = None) 
     An advisory lock serialises concurrent callers: the second one waits, then finds nothing to do.
     Each migration runs in its own transaction together with its bookkeeping row.
     """
+    return await _apply(conn, directory or MIGRATIONS_DIR, store.RELAY_MIGRATIONS)
+
+
+async def migrate_inbox(conn: store.Connection, directory: Traversable | None = None) -> list[str]:
+    """Apply the consumer inbox's pending migrations (``outbox_inbox``) on ``conn``, as
+    ``migrate`` does the relay's, recorded in ``outbox_inbox_migrations`` under a lock of its own.
+    """
+    return await _apply(conn, directory or INBOX_MIGRATIONS_DIR, store.INBOX_MIGRATIONS)
+
+
+async def _apply(
+    conn: store.Connection, directory: Traversable, bookkeeping: store.Bookkeeping
+) -> list[str]:
     migrations = discover(directory)
-    async with store.migration_lock(conn):
-        applied = await store.applied_migrations(conn)
+    async with store.migration_lock(conn, bookkeeping):
+        applied = await store.applied_migrations(conn, bookkeeping)
         _check_unchanged(migrations, applied)
         done = []
         for migration in migrations:
             if migration.name in applied:
                 continue
-            await store.apply_migration(conn, migration.name, migration.sql, migration.checksum)
+            await store.apply_migration(
+                conn, migration.name, migration.sql, migration.checksum, bookkeeping
+            )
             logger.info("applied migration %s", migration.name)
             done.append(migration.name)
         return done

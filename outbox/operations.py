@@ -1,6 +1,7 @@
 """Day-two operations over the outbox: backlog health, replay of Failed rows, retention, inspection.
 
-Shared by the CLI (``python -m outbox status | requeue | purge | show``) and the HTTP endpoints.
+Shared by the CLI (``python -m outbox status | requeue | purge | show``) and the HTTP endpoints;
+``purge_inbox`` is the consumer inbox's retention (``python -m outbox purge --inbox``).
 """
 
 from __future__ import annotations
@@ -163,6 +164,37 @@ async def _purge(
         total += deleted
         if deleted < batch_size:
             return total
+
+
+# Inbox rows deleted per purge transaction.
+INBOX_PURGE_BATCH_SIZE = 1000
+
+
+@dataclass(slots=True)
+class InboxPurgeReport:
+    inbox_deleted: int = 0
+    batches: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def purge_inbox(
+    conn: store.Connection, *, older_than_days: int, batch_size: int = INBOX_PURGE_BATCH_SIZE
+) -> InboxPurgeReport:
+    """Delete inbox rows received more than ``older_than_days`` ago, batch by batch, each in its
+    own short transaction, skipping rows a consumer holds locked.
+
+    A redelivery of a purged id would be processed again: keep rows longer than any event can
+    come back (retries, and requeues by hand).
+    """
+    report = InboxPurgeReport()
+    while True:
+        deleted = await store.purge_inbox_batch(conn, older_than_days, batch_size)
+        report.batches += 1
+        report.inbox_deleted += deleted
+        if deleted < batch_size:
+            return report
 
 
 async def show(conn: store.Connection, message_id: UUID) -> dict[str, Any] | None:

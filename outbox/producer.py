@@ -12,6 +12,11 @@ or, doing both::
     async with outbox.transaction(conn, queue) as tx:
         await conn.execute(...)
         await tx.enqueue("OrderCompleted", {"orderId": order_id})
+
+``conn`` is an asyncpg connection, a ``psycopg.AsyncConnection`` or a SQLAlchemy ``AsyncSession``
+or ``AsyncConnection`` (``outbox.drivers``); ``outbox.sync`` has the same for synchronous ones.
+This module is the core they share: validation and serialisation before anything is written, and
+the one INSERT.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from outbox import store
+from outbox import drivers, store
 from outbox.errors import DuplicateMessageError, InvalidMessageError, TransactionRequiredError
 from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
 from outbox.text import first_control
@@ -49,7 +54,7 @@ _STRING_OR_EXPONENT_NUMBER = re.compile(r'"(?:[^"\\]|\\.)*"|(-?\d+(?:\.\d+)?[eE]
 
 
 async def enqueue(
-    conn: store.Connection,
+    conn: object,
     event_type: str,
     payload: Payload,
     *,
@@ -58,6 +63,10 @@ async def enqueue(
     max_payload_bytes: int | None = None,
 ) -> uuid.UUID:
     """Insert a Pending outbox row on ``conn``, inside the transaction the caller has open.
+
+    ``conn`` is an asyncpg connection (or pool connection), a ``psycopg.AsyncConnection``, or a
+    SQLAlchemy ``AsyncSession`` or ``AsyncConnection`` (asyncpg or psycopg driver); the same row
+    is written through each. Outside a transaction it raises TransactionRequiredError.
 
     The payload (a dict or a pydantic model) is checked and serialised before anything is written,
     so a bad payload raises InvalidMessageError and leaves the caller's transaction usable.
@@ -70,19 +79,49 @@ async def enqueue(
     A payload larger than ``max_payload_bytes`` (by default ``OUTBOX_MAX_PAYLOAD_BYTES`` from the
     environment, else 1 MiB, the relay's own default) is refused.
     """
+    driver = drivers.async_driver(conn, "enqueue")
+    message_id, statement = prepare(
+        event_type, payload, message_id, ordering_key, max_payload_bytes
+    )
+    if await driver.autocommits():
+        raise TransactionRequiredError(outside_transaction("enqueue", driver.begin_hint))
+    if not await driver.returns_row(statement):
+        raise DuplicateMessageError(f"outbox message {message_id} already exists")
+    return message_id
+
+
+def prepare(
+    event_type: str,
+    payload: Payload,
+    message_id: uuid.UUID | None,
+    ordering_key: str | None,
+    max_payload_bytes: int | None,
+) -> tuple[uuid.UUID, store.Statement]:
+    """The message's id and its INSERT, or InvalidMessageError (or ConfigurationError, for a bad
+    ``OUTBOX_MAX_PAYLOAD_BYTES``) before anything is written: what every driver's enqueue does
+    first."""
     check_event_type(event_type)
     check_ordering_key(ordering_key)
     limit = payload_limit() if max_payload_bytes is None else max_payload_bytes
     body = serialise_payload(payload, limit)
-    if not _in_transaction(conn):
-        raise TransactionRequiredError(
-            "enqueue must run inside the transaction that writes your business rows "
-            "(async with conn.transaction(): ...), or the event would not be atomic with them"
-        )
     message_id = message_id or uuid.uuid4()
-    if not await store.insert_message(conn, message_id, event_type, body, ordering_key):
-        raise DuplicateMessageError(f"outbox message {message_id} already exists")
-    return message_id
+    return message_id, store.insert_message(message_id, event_type, body, ordering_key)
+
+
+def outside_transaction(operation: str, begin_hint: str) -> str:
+    """Why ``operation`` (enqueue, claim) refuses to run where its statement would commit alone."""
+    return (
+        f"{operation} must run inside the transaction that writes your business rows "
+        f"({begin_hint}), or it would not be atomic with them"
+    )
+
+
+def nested_transaction(prefix: str) -> str:
+    """Why ``transaction()`` (of ``outbox`` or ``outbox.sync``) refuses to run inside another."""
+    return (
+        f"{prefix}.transaction opens and commits the transaction itself; inside a transaction "
+        f"of your own, call {prefix}.enqueue(...) in it and {prefix}.notify(...) after its commit"
+    )
 
 
 async def notify(queue: WakeUpQueue | None = None) -> bool:
@@ -99,7 +138,7 @@ async def notify(queue: WakeUpQueue | None = None) -> bool:
 class OutboxTransaction:
     """Handed out by ``transaction()``: enqueues on the transaction's connection."""
 
-    def __init__(self, conn: store.Connection, max_payload_bytes: int | None) -> None:
+    def __init__(self, conn: object, max_payload_bytes: int | None) -> None:
         self._conn = conn
         self._max_payload_bytes = max_payload_bytes
         self.message_ids: list[uuid.UUID] = []
@@ -126,20 +165,19 @@ class OutboxTransaction:
 
 @asynccontextmanager
 async def transaction(
-    conn: store.Connection,
+    conn: object,
     queue: WakeUpQueue | None = None,
     *,
     max_payload_bytes: int | None = None,
 ) -> AsyncIterator[OutboxTransaction]:
-    """Open a transaction on ``conn``; after it commits, send one hint if anything was enqueued."""
-    if _in_transaction(conn):
+    """Open a transaction on ``conn`` (any connection or session ``enqueue`` takes); after it
+    commits, send one hint if anything was enqueued."""
+    driver = drivers.async_driver(conn, "transaction")
+    if await driver.in_transaction():
         # Nested, it would only release a savepoint: the hint would beat the commit.
-        raise TransactionRequiredError(
-            "outbox.transaction opens and commits the transaction itself; inside a transaction "
-            "of your own, call outbox.enqueue(...) in it and outbox.notify(...) after its commit"
-        )
+        raise TransactionRequiredError(nested_transaction("outbox"))
     tx = OutboxTransaction(conn, max_payload_bytes)
-    async with conn.transaction():
+    async with driver.transaction():
         yield tx
     if tx.message_ids:
         await notify(queue)
@@ -248,8 +286,3 @@ def _utf8(name: str, text: str) -> bytes:
             f"{name} contains a surrogate (U+{ord(exc.object[exc.start]):04X}), which is not "
             "valid UTF-8 text and cannot be stored"
         ) from None
-
-
-def _in_transaction(conn: store.Connection) -> bool:
-    is_in_transaction = getattr(conn, "is_in_transaction", None)
-    return bool(is_in_transaction and is_in_transaction())

@@ -411,6 +411,28 @@ def min_lease_seconds(http_timeout_seconds: float) -> float:
     return 2 * http_timeout_seconds + LEASE_SAFETY_SECONDS
 
 
+class DatabaseSettings(BaseSettings):
+    """Only ``OUTBOX_DATABASE_URL``: all that the consumer inbox's commands (``migrate --inbox``,
+    ``purge --inbox``) read, in a service that runs no relay and has none of its settings."""
+
+    model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore", frozen=True)
+
+    database_url: SecretStr
+
+    @field_validator("database_url")
+    @classmethod
+    def _check_database_url(cls, url: SecretStr) -> SecretStr:
+        return Settings._check_database_url(url)
+
+    @classmethod
+    def load(cls) -> Self:
+        """Read it from the environment; ConfigurationError naming it if missing or invalid."""
+        try:
+            return cls()
+        except ValidationError as exc:
+            raise ConfigurationError(describe_errors(exc)) from None
+
+
 class _PayloadLimitSetting(BaseModel):
     max_payload_bytes: PayloadLimit
 

@@ -1,9 +1,10 @@
-"""The only module that speaks SQL, and the only one that knows the driver (asyncpg).
+"""The only module that speaks SQL, and the only one that knows the relay's driver (asyncpg).
 
 Statements live in ``sql/queries.sql`` under a name each. Every function the relay calls turns
-the driver's errors into one ``DatabaseError`` (transient or not) at this boundary; the
-producer's ``insert_message`` does not: it runs in the caller's transaction, whose driver
-errors are the caller's own.
+the driver's errors into one ``DatabaseError`` (transient or not) at this boundary. The statements
+that run in the caller's transaction (``insert_message``, ``claim_inbox``) are not run here: this
+module hands them out as a ``Statement`` for the caller's driver (``outbox.drivers``), and their
+driver errors are the caller's own.
 """
 
 from __future__ import annotations
@@ -114,18 +115,32 @@ def _identifier(name: str) -> str:
     return name
 
 
-async def insert_message(
-    conn: Connection,
+class Statement(NamedTuple):
+    """A named statement and its arguments, for a driver of the caller's to run in the caller's
+    transaction. ``sql`` has asyncpg's ``$1…$n`` placeholders; ``outbox.drivers`` rewrites them
+    for the driver's own style."""
+
+    name: str
+    args: tuple[Any, ...]
+
+    @property
+    def sql(self) -> str:
+        return QUERIES[self.name]
+
+
+def insert_message(
     message_id: UUID,
     event_type: str,
     payload: str,
     ordering_key: str | None = None,
-) -> bool:
-    """Insert a Pending row; False if a row with this id already exists."""
-    inserted = await conn.fetchval(
-        QUERIES["insert_message"], message_id, event_type, payload, ordering_key
-    )
-    return inserted is not None
+) -> Statement:
+    """Insert a Pending row; it returns a row, or none when a row with this id already exists."""
+    return Statement("insert_message", (message_id, event_type, payload, ordering_key))
+
+
+def claim_inbox(webhook_id: str) -> Statement:
+    """Record a received webhook id; it returns a row the first time, none once it is recorded."""
+    return Statement("claim_inbox", (webhook_id,))
 
 
 class Lease(NamedTuple):
@@ -386,29 +401,74 @@ async def fetch_attempts(conn: Connection, message_id: UUID) -> list[dict[str, A
     return [dict(row) for row in await conn.fetch(QUERIES["show_attempts"], message_id)]
 
 
+class Bookkeeping(NamedTuple):
+    """The statements that record one set of migrations and serialise its migrators: the
+    relay's (``outbox_migrations``) or the consumer inbox's (``outbox_inbox_migrations``)."""
+
+    create_table: str
+    lock: str
+    unlock: str
+    applied: str
+    record: str
+
+
+RELAY_MIGRATIONS = Bookkeeping(
+    "create_migrations_table",
+    "lock_migrations",
+    "unlock_migrations",
+    "applied_migrations",
+    "record_migration",
+)
+INBOX_MIGRATIONS = Bookkeeping(
+    "create_inbox_migrations_table",
+    "lock_inbox_migrations",
+    "unlock_inbox_migrations",
+    "applied_inbox_migrations",
+    "record_inbox_migration",
+)
+
+
 @asynccontextmanager
-async def migration_lock(conn: Connection) -> AsyncIterator[None]:
+async def migration_lock(
+    conn: Connection, bookkeeping: Bookkeeping = RELAY_MIGRATIONS
+) -> AsyncIterator[None]:
     """Serialise migrators (a session-level advisory lock), with the bookkeeping table made."""
-    await _execute(conn, QUERIES["lock_migrations"])
+    await _execute(conn, QUERIES[bookkeeping.lock])
     try:
-        await _execute(conn, QUERIES["create_migrations_table"])
+        await _execute(conn, QUERIES[bookkeeping.create_table])
         yield
     finally:
-        await _execute(conn, QUERIES["unlock_migrations"])
+        await _execute(conn, QUERIES[bookkeeping.unlock])
 
 
 @database_boundary
-async def applied_migrations(conn: Connection) -> dict[str, str]:
+async def applied_migrations(
+    conn: Connection, bookkeeping: Bookkeeping = RELAY_MIGRATIONS
+) -> dict[str, str]:
     """The migrations applied so far, with the checksum each had."""
-    return {row["name"]: row["checksum"] for row in await conn.fetch(QUERIES["applied_migrations"])}
+    rows = await conn.fetch(QUERIES[bookkeeping.applied])
+    return {row["name"]: row["checksum"] for row in rows}
 
 
 @database_boundary
-async def apply_migration(conn: Connection, name: str, sql: str, checksum: str) -> None:
+async def apply_migration(
+    conn: Connection,
+    name: str,
+    sql: str,
+    checksum: str,
+    bookkeeping: Bookkeeping = RELAY_MIGRATIONS,
+) -> None:
     """Run one migration and record it, in one transaction."""
     async with conn.transaction():
         await conn.execute(sql)
-        await conn.execute(QUERIES["record_migration"], name, checksum)
+        await conn.execute(QUERIES[bookkeeping.record], name, checksum)
+
+
+@database_boundary
+async def purge_inbox_batch(conn: Connection, older_than_days: int, limit: int) -> int:
+    """Delete one bounded batch of inbox rows received more than ``older_than_days`` ago."""
+    result: str = await conn.execute(QUERIES["purge_inbox"], older_than_days, limit)
+    return int(result.split()[-1])
 
 
 @database_boundary

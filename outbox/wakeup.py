@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 NOTIFY_TIMEOUT_SECONDS = 5.0
 # The longest an Azure Storage queue keeps a message invisible after it is sent: seven days.
 MAX_DELAY_SECONDS = 7 * 24 * 3600
-_CLIENT_OPTIONS: dict[str, Any] = {
+CLIENT_OPTIONS: dict[str, Any] = {
     # Base64, like the queue trigger expects by default: plain text would end in the poison queue.
     "message_encode_policy": TextBase64EncodePolicy(),
     "message_decode_policy": TextBase64DecodePolicy(),
@@ -49,21 +49,39 @@ def hint_message(delay_seconds: int = 0) -> str:
     return json.dumps(content)
 
 
+# What a misconfigured queue connection is called (by both clients, the async and the sync one).
+BAD_CONNECTION_STRING = "AzureWebJobsStorage is not a valid storage connection string"
+NEEDS_IDENTITY = (
+    "an identity-based AzureWebJobsStorage connection needs the azure-identity package "
+    "(pip install azure-identity)"
+)
+
+
 def make_queue_client(settings: QueueSettings, *, encoded: bool = True) -> QueueClient:
     """An async client for the wake-up queue, from a connection string or a managed identity.
 
     ``encoded=False`` gives a client that sends and receives message text as it is.
     """
-    options = _CLIENT_OPTIONS if encoded else {**_CLIENT_OPTIONS, **_RAW}
+    options = CLIENT_OPTIONS if encoded else {**CLIENT_OPTIONS, **_RAW}
     if settings.queue_connection is not None:
         try:
             return QueueClient.from_connection_string(
                 settings.queue_connection.get_secret_value(), settings.queue_name, **options
             )
         except ValueError:  # its message never quotes the string, which holds the key
-            raise ConfigurationError(
-                "AzureWebJobsStorage is not a valid storage connection string"
-            ) from None
+            raise ConfigurationError(BAD_CONNECTION_STRING) from None
+    account_url = queue_account_url(settings)
+    try:
+        from azure.identity.aio import DefaultAzureCredential  # noqa: PLC0415 - optional extra
+    except ImportError:
+        raise ConfigurationError(NEEDS_IDENTITY) from None
+    return QueueClient(
+        account_url, settings.queue_name, credential=DefaultAzureCredential(), **options
+    )
+
+
+def queue_account_url(settings: QueueSettings) -> str:
+    """The queue service of an identity-based connection; ConfigurationError if none is set."""
     account_url = settings.queue_service_uri or (
         f"https://{settings.queue_account_name}.queue.core.windows.net"
         if settings.queue_account_name
@@ -74,16 +92,7 @@ def make_queue_client(settings: QueueSettings, *, encoded: bool = True) -> Queue
             "no wake-up queue configured: set AzureWebJobsStorage (a connection string) or "
             "AzureWebJobsStorage__queueServiceUri / AzureWebJobsStorage__accountName (identity)"
         )
-    try:
-        from azure.identity.aio import DefaultAzureCredential  # noqa: PLC0415 - optional extra
-    except ImportError:
-        raise ConfigurationError(
-            "an identity-based AzureWebJobsStorage connection needs the azure-identity package "
-            "(pip install azure-identity)"
-        ) from None
-    return QueueClient(
-        account_url, settings.queue_name, credential=DefaultAzureCredential(), **options
-    )
+    return account_url
 
 
 async def close_queue_client(client: QueueClient, *, with_credential: bool = True) -> None:

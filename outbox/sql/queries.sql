@@ -11,6 +11,15 @@ VALUES ($1, $2, $3::jsonb, 'Pending', now(), $4::text,
 ON CONFLICT (outbox_message_id) DO NOTHING
 RETURNING outbox_message_id;
 
+-- claim_inbox --
+-- A consumer records a received webhook id ($1) inside its own transaction: returns the id the
+-- first time, nothing when it is already recorded. A concurrent claim of the same id waits for the
+-- first transaction: nothing once it commits, the id if it rolls back.
+INSERT INTO outbox_inbox (webhook_id)
+VALUES ($1)
+ON CONFLICT (webhook_id) DO NOTHING
+RETURNING webhook_id;
+
 -- lease_batch --
 -- Claim due Pending rows and rows whose lease expired; $1 = batch size, $2 = lease seconds,
 -- $3 = whether a Failed message holds back later messages with its ordering key,
@@ -402,6 +411,21 @@ DELETE FROM outbox_messages AS m
 USING doomed
 WHERE m.outbox_message_id = doomed.outbox_message_id;
 
+-- purge_inbox --
+-- Delete one bounded batch of inbox rows received more than $1 days ago ($2 rows at most); SKIP
+-- LOCKED and short transactions: it never waits for, or blocks, a consumer
+WITH doomed AS (
+    SELECT webhook_id
+    FROM outbox_inbox
+    WHERE received_at < now() - make_interval(days => $1)
+    ORDER BY received_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM outbox_inbox AS i
+USING doomed
+WHERE i.webhook_id = doomed.webhook_id;
+
 -- show_message --
 -- One message, every column
 SELECT * FROM outbox_messages WHERE outbox_message_id = $1;
@@ -437,6 +461,31 @@ SELECT name, checksum FROM outbox_migrations ORDER BY name;
 -- record_migration --
 -- Remember that a migration file was applied
 INSERT INTO outbox_migrations (name, checksum) VALUES ($1, $2);
+
+-- create_inbox_migrations_table --
+-- Bookkeeping for `python -m outbox migrate --inbox`, apart from the relay's: a consumer's
+-- database may hold both, and each set is numbered on its own
+CREATE TABLE IF NOT EXISTS outbox_inbox_migrations (
+    name       text        PRIMARY KEY,
+    checksum   text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- lock_inbox_migrations --
+-- Serialise concurrent inbox migrators for the whole session (a key of their own)
+SELECT pg_advisory_lock(hashtext('outbox_inbox_migrations'));
+
+-- unlock_inbox_migrations --
+-- Release the inbox migrators' lock
+SELECT pg_advisory_unlock(hashtext('outbox_inbox_migrations'));
+
+-- applied_inbox_migrations --
+-- Inbox migrations already applied, with the checksum they had
+SELECT name, checksum FROM outbox_inbox_migrations ORDER BY name;
+
+-- record_inbox_migration --
+-- Remember that an inbox migration file was applied
+INSERT INTO outbox_inbox_migrations (name, checksum) VALUES ($1, $2);
 
 -- database_exists --
 -- Whether a database of this name ($1) exists on the server (make run's embedded PostgreSQL)

@@ -135,6 +135,7 @@ def test_requirements_are_runtime_only_and_never_the_worker() -> None:
         ("migrations/0001_create_outbox_messages.sql", True),
         ("tests/conftest.py", False),
         ("tools/package.json", False),
+        ("examples/functions_receiver.py", False),
         (".venv/bin/python", False),
         ("local.settings.json", False),
         ("requirements-dev.txt", False),

