@@ -36,6 +36,8 @@ class LeasedMessage:
     ordering_key: str | None = None
     # Where each endpoint stands, kept only while they differ (None: as the row says).
     endpoint_state: Mapping[str, EndpointState] | None = None
+    # The producer's W3C trace context as JSON text, if it had an active span at enqueue.
+    trace_context: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> LeasedMessage:
@@ -50,6 +52,7 @@ class LeasedMessage:
             created_at=row["created_at"],
             ordering_key=row["ordering_key"],
             endpoint_state=EndpointState.parse_map(state) if state else None,
+            trace_context=row.get("trace_context"),
         )
 
 
@@ -119,6 +122,8 @@ class Attempt:
     result: DeliveryResult
     started_at: datetime
     duration_ms: int
+    # The (trace id, span id) of its span, in hex, for its log line; None without one.
+    trace: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True, slots=True)

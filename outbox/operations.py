@@ -16,6 +16,7 @@ from uuid import UUID
 from outbox import requests, store
 from outbox.models import Status
 from outbox.requests import RequeueFilter
+from outbox.telemetry import Backlog, Telemetry, process_telemetry
 
 MAX_LISTED_IDS = 1000
 # A host clock further off the database's than this is reported by status.
@@ -45,12 +46,16 @@ class BacklogStatus:
         return asdict(self)
 
 
-async def backlog_status(conn: store.Connection, threshold_seconds: float) -> BacklogStatus:
+async def backlog_status(
+    conn: store.Connection, threshold_seconds: float, *, telemetry: Telemetry | None = None
+) -> BacklogStatus:
     """The backlog's health against ``OUTBOX_ALERT_OLDEST_PENDING_SECONDS``.
 
     The alert is the one the outbox guide asks for: the age of the oldest unpublished row
     (Pending or Processing, due or backing off). Failed rows are counted, not alerted on: with
     ordering keys held by a Failed row, the rows held back age and trip the alert anyway.
+
+    Its figures also feed the backlog gauges of ``telemetry`` (by default the process's).
     """
     sent = time.time()
     row = await store.backlog_status(conn)
@@ -69,8 +74,10 @@ async def backlog_status(conn: store.Connection, threshold_seconds: float) -> Ba
             "the database's: signatures carry the database's time, but check the host's time "
             "synchronisation (NTP)"
         )
+    counts = {str(s): row[str(s).lower()] for s in Status}
+    (telemetry or process_telemetry()).record_backlog(Backlog(counts, oldest, len(breakers)))
     return BacklogStatus(
-        counts={str(s): row[str(s).lower()] for s in Status},
+        counts=counts,
         oldest_due_pending_age_seconds=_rounded(row["oldest_due_pending_age_seconds"]),
         oldest_unpublished_age_seconds=_rounded(oldest),
         oldest_failed_age_seconds=_rounded(row["oldest_failed_age_seconds"]),

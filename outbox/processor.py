@@ -25,7 +25,7 @@ from outbox.admission import Admission
 from outbox.breakers import PROBE, SEND, Breakers, Key
 from outbox.clock import DatabaseClock
 from outbox.errors import DatabaseError, describe
-from outbox.logs import log_event
+from outbox.logs import log_event, trace_fields
 from outbox.models import (
     Attempt,
     Delivered,
@@ -44,6 +44,7 @@ from outbox.outcomes import aggregate, classify, unwell
 from outbox.redact import Redactor
 from outbox.settings import LEASE_SAFETY_SECONDS, Settings, WebhookEndpoint
 from outbox.stopping import StopRule, stop_rule
+from outbox.telemetry import Telemetry, process_telemetry, span_ids
 
 logger = logging.getLogger(__name__)
 batch_logger = logging.getLogger("outbox.batch")
@@ -203,6 +204,7 @@ class OutboxProcessor:
         *,
         redact: Redactor | None = None,
         clock: DatabaseClock | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self._pool = pool
         self._deliver = deliver
@@ -220,13 +222,19 @@ class OutboxProcessor:
             for endpoint in group:
                 self._endpoint_slots.limit((event_type, _name(endpoint)), endpoint.max_concurrency)
         self._breakers = Breakers(pool, self._other_endpoints)
+        # Spans and metrics: the API's no-ops unless an OpenTelemetry SDK is configured.
+        self._telemetry = telemetry or process_telemetry()
 
     def stop(self) -> None:
         """Make running drains finish what is in flight, release the rest, and return."""
         self._stopping = True
 
     async def execute(
-        self, budget_seconds: float | None = None, *, until_caught_up: bool = False
+        self,
+        budget_seconds: float | None = None,
+        *,
+        until_caught_up: bool = False,
+        trigger: str = "drain",
     ) -> DrainSummary:
         """Deliver due messages until none is due, the budget is spent, or ``stop()`` is called.
 
@@ -238,7 +246,17 @@ class OutboxProcessor:
         Database errors (unreachable, connection lost, schema missing) end the run early; they
         are reported in ``summary.error`` rather than raised, and whatever was leased stays safe
         under its lease.
+
+        ``trigger`` names what started the run, on its span (queue, timer, http, startup, …).
         """
+        with self._telemetry.run(trigger) as span:
+            summary = await self._execute(budget_seconds, until_caught_up=until_caught_up)
+            self._telemetry.ran(span, summary)
+        return summary
+
+    async def _execute(
+        self, budget_seconds: float | None, *, until_caught_up: bool
+    ) -> DrainSummary:
         summary = DrainSummary()
         started = time.monotonic()
         budget = min(budget_seconds or self._settings.run_budget_seconds, 3600.0)
@@ -457,11 +475,43 @@ class OutboxProcessor:
             if reason := self._not_sent_because(delivery, started):
                 return Attempt(NotAttempted(reason), now, 0)
             delivery.started = (now, started)
-            result = await self._deliver(delivery.message, delivery.endpoint)
-            took = time.monotonic() - started
-            self._admission.finished(took)
+            message, (event_type, name) = delivery.message, delivery.key
+            with self._telemetry.delivery(
+                message_id=str(message.message_id),
+                event_type=event_type,
+                endpoint=name,
+                url=delivery.endpoint.url,
+                attempt=delivery.number,
+                stored=message.trace_context,
+            ) as span:
+                result = await self._deliver(message, delivery.endpoint)
+                took = time.monotonic() - started
+                self._admission.finished(took)
+                self._telemetry.delivered(
+                    span,
+                    result,
+                    event_type=event_type,
+                    endpoint=name,
+                    outcome=self._outcome_label(result, delivery),
+                    seconds=took,
+                    created_at=message.created_at,
+                    now=self.clock.now(),
+                )
+            trace = span_ids(span.get_span_context())
         await self._breakers.observed(delivery.key, unwell(result), probe=delivery.probe)
-        return Attempt(result, now, round(took * 1000))
+        return Attempt(result, now, round(took * 1000), trace)
+
+    def _outcome_label(self, result: DeliveryResult, delivery: _Delivery) -> str:
+        """What ``result`` comes to for its endpoint (Processed, Pending, Failed), for telemetry;
+        the outcome written is decided with the batch's (``_delivered``)."""
+        attempt = Attempt(result, datetime.now(UTC), 0)
+        try:
+            outcome = self._classify(
+                attempt, delivery.number, delivery.endpoint.final_statuses, self.clock.now()
+            )
+        except Exception:  # noqa: BLE001 - recorded as retried, as _delivered does
+            return str(Status.PENDING)
+        return str(outcome.status)
 
     async def _held(self, delivery: _Delivery, at: float) -> NotAttempted | None:
         """Why ``delivery`` is not made now (and when it may be), if it is not."""
@@ -647,6 +697,7 @@ def log_outcome(record: Recorded, *, applied: bool) -> None:
             duration_ms=attempt.duration_ms,
             retry_in_s=round(outcome.delay_seconds, 1) if label == "Pending" else None,
             error=outcome.error,
+            **trace_fields(attempt.trace),
         )
 
 

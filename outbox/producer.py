@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from outbox import drivers, store
+from outbox import drivers, store, telemetry
 from outbox.errors import DuplicateMessageError, InvalidMessageError, TransactionRequiredError
 from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
 from outbox.text import first_control
@@ -105,7 +105,11 @@ def prepare(
     limit = payload_limit() if max_payload_bytes is None else max_payload_bytes
     body = serialise_payload(payload, limit)
     message_id = message_id or uuid.uuid4()
-    return message_id, store.insert_message(message_id, event_type, body, ordering_key)
+    # The producer's trace (its active span), continued by the delivery; None without one.
+    trace_context = telemetry.capture()
+    return message_id, store.insert_message(
+        message_id, event_type, body, ordering_key, trace_context
+    )
 
 
 def outside_transaction(operation: str, begin_hint: str) -> str:

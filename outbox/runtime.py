@@ -16,6 +16,7 @@ from outbox.processor import OutboxProcessor
 from outbox.publisher import Publisher
 from outbox.resources import Closeable
 from outbox.settings import Settings
+from outbox.telemetry import Telemetry, configure
 from outbox.wakeups import WakeUps
 
 
@@ -23,21 +24,34 @@ class Relay(Closeable):
     """A processor with its own pool and HTTP sessions; close it when done."""
 
     def __init__(
-        self, settings: Settings, pool: store.Connection, publisher: Publisher, clock: DatabaseClock
+        self,
+        settings: Settings,
+        pool: store.Connection,
+        publisher: Publisher,
+        clock: DatabaseClock,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.pool = pool
         self.publisher = publisher
         self.loop = asyncio.get_running_loop()
-        self.processor = OutboxProcessor(pool, publisher.deliver, settings, clock=clock)
+        self.processor = OutboxProcessor(
+            pool, publisher.deliver, settings, clock=clock, telemetry=telemetry
+        )
         # Wake-up hints for what comes due later; none where no queue is configured.
         self.wakeups = WakeUps(settings) if settings.has_queue else None
 
     async def drain(
-        self, budget_seconds: float | None = None, *, until_caught_up: bool = False
+        self,
+        budget_seconds: float | None = None,
+        *,
+        until_caught_up: bool = False,
+        trigger: str = "drain",
     ) -> DrainSummary:
         """One run of the processor, then the wake-up hint the next run needs (if any)."""
-        summary = await self.processor.execute(budget_seconds, until_caught_up=until_caught_up)
+        summary = await self.processor.execute(
+            budget_seconds, until_caught_up=until_caught_up, trigger=trigger
+        )
         if self.wakeups is not None:
             await self.wakeups.after_run(self.pool, summary)
         return summary
@@ -47,10 +61,15 @@ class Relay(Closeable):
         return await self.wakeups.wake_now() if self.wakeups is not None else False
 
     @classmethod
-    async def open(cls, settings: Settings) -> Self:
+    async def open(cls, settings: Settings, *, telemetry: Telemetry | None = None) -> Self:
+        """Open a relay; ``telemetry`` by default uses the global OpenTelemetry providers, with
+        an SDK set up first where the environment asks for one (``telemetry.configure``)."""
+        if telemetry is None:
+            configure()
         pool = await store.create_pool(settings)
         clock = DatabaseClock()  # set by the processor's leases, read by the signatures
-        return cls(settings, pool, Publisher.from_settings(settings, clock.time), clock)
+        publisher = Publisher.from_settings(settings, clock.time)
+        return cls(settings, pool, publisher, clock, telemetry)
 
     async def close(self) -> None:
         if self.wakeups is not None:

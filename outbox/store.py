@@ -133,9 +133,13 @@ def insert_message(
     event_type: str,
     payload: str,
     ordering_key: str | None = None,
+    trace_context: str | None = None,
 ) -> Statement:
-    """Insert a Pending row; it returns a row, or none when a row with this id already exists."""
-    return Statement("insert_message", (message_id, event_type, payload, ordering_key))
+    """Insert a Pending row; it returns a row, or none when a row with this id already exists.
+    ``trace_context``: the producer's W3C trace context as JSON text (``telemetry.capture()``)."""
+    return Statement(
+        "insert_message", (message_id, event_type, payload, ordering_key, trace_context)
+    )
 
 
 def claim_inbox(webhook_id: str) -> Statement:

@@ -33,7 +33,7 @@ async def drain(
 ) -> DrainSummary:
     """Run the shared processor once and log its summary."""
     relay = await shared_relay()
-    summary = await relay.drain(budget_seconds, until_caught_up=until_caught_up)
+    summary = await relay.drain(budget_seconds, until_caught_up=until_caught_up, trigger=trigger)
     level = logging.ERROR if summary.error else logging.INFO
     log_event(logger, level, "outbox.drain", trigger=trigger, **summary.as_dict())
     return summary
@@ -70,7 +70,17 @@ async def on_timer(*, past_due: bool) -> DrainSummary:
     summary = await drain("timer")
     if summary.error:
         raise DrainFailedError(f"scheduled outbox drain failed: {summary.error}")
+    await record_backlog()
     return summary
+
+
+async def record_backlog() -> None:
+    """The sweep's backlog figures, for the telemetry's gauges; a failure is only a warning."""
+    relay = await shared_relay()
+    try:
+        await operations.backlog_status(relay.pool, relay.settings.alert_oldest_pending_seconds)
+    except DatabaseError as exc:
+        logger.warning("outbox backlog figures not read: database error: %s", exc.kind)
 
 
 HttpResult = tuple[int, dict[str, Any]]

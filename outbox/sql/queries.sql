@@ -4,10 +4,13 @@
 -- insert_message --
 -- Add a Pending row, due now, inside the caller's transaction; returns nothing when the id exists.
 -- $4 is the optional ordering key: keyed rows also take their place in the ordering sequence.
+-- $5 is the producer's trace context (JSON text), or NULL.
 INSERT INTO outbox_messages
-    (outbox_message_id, event_type, payload, status, next_attempt_at, ordering_key, ordering_seq)
+    (outbox_message_id, event_type, payload, status, next_attempt_at, ordering_key, ordering_seq,
+     trace_context)
 VALUES ($1, $2, $3::jsonb, 'Pending', now(), $4::text,
-        CASE WHEN $4::text IS NOT NULL THEN nextval('outbox_messages_ordering_seq') END)
+        CASE WHEN $4::text IS NOT NULL THEN nextval('outbox_messages_ordering_seq') END,
+        $5::jsonb)
 ON CONFLICT (outbox_message_id) DO NOTHING
 RETURNING outbox_message_id;
 
@@ -95,7 +98,7 @@ leased AS (
       AND due.waits_for IS NULL
     RETURNING m.outbox_message_id, m.event_type, m.payload::text AS payload_text,
               m.attempt_count, m.lease_token, m.created_at, m.ordering_key,
-              m.endpoint_state::text AS endpoint_state
+              m.endpoint_state::text AS endpoint_state, m.trace_context::text AS trace_context
 ),
 troubled AS (
     -- The endpoints whose breaker counts failures or is open, for every relay to act on.
@@ -112,7 +115,8 @@ SELECT due.outbox_message_id, leased.event_type,
        CASE WHEN octet_length(leased.payload_text) <= $4 THEN leased.payload_text END AS payload,
        octet_length(leased.payload_text) AS payload_bytes,
        leased.attempt_count, leased.lease_token, leased.created_at, leased.ordering_key,
-       leased.endpoint_state, (SELECT endpoints FROM troubled) AS troubled_endpoints,
+       leased.endpoint_state, leased.trace_context,
+       (SELECT endpoints FROM troubled) AS troubled_endpoints,
        extract(epoch FROM now())::float8 AS database_now
 FROM due
 LEFT JOIN leased ON leased.outbox_message_id = due.outbox_message_id

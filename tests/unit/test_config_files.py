@@ -121,6 +121,7 @@ def test_requirements_are_runtime_only_and_never_the_worker() -> None:
         "aiohttp",
         "pydantic",
         "pydantic-settings",
+        "opentelemetry-api",  # the API only: the SDK and exporters are extras
     }
 
 
