@@ -20,6 +20,7 @@ TARGETS = {
     "lease_held_vs_none": 2.0,  # at most
     "relay_peak_rss_mb": 200.0,  # at most
     "healthy_behind_dead_seconds": 12.0,  # at most
+    "relay_vs_untraced": 0.97,  # telemetry with no SDK costs at most 3 %
 }
 AT_MOST = {
     "lease_large_vs_small",
@@ -32,6 +33,7 @@ LABELS = {
     "relay": "outbox-relay",
     "pgqueuer": "pgqueuer",
     "seed": "seed loop",
+    "untraced": "outbox-relay, telemetry calls removed",
 }
 
 
@@ -70,7 +72,7 @@ def summarise_throughput(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
     ratios = {}
     if "relay" in rates:
-        for other in ("raw", "pgqueuer", "seed"):
+        for other in ("raw", "pgqueuer", "seed", "untraced"):
             if other in rates:
                 ratios[f"relay_vs_{other}"] = round(rates["relay"] / rates[other], 3)
     return {
@@ -151,7 +153,7 @@ def per_round_ratios(runs: list[dict[str, Any]]) -> dict[str, list[float]]:
         by_round.setdefault(run["round"], {})[run["contender"]] = run["rate"]
     ratios: dict[str, list[float]] = {}
     for rates in by_round.values():
-        for other in ("raw", "pgqueuer", "seed"):
+        for other in ("raw", "pgqueuer", "seed", "untraced"):
             if "relay" in rates and other in rates:
                 ratios.setdefault(f"relay_vs_{other}", []).append(
                     round(rates["relay"] / rates[other], 3)

@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
+from opentelemetry.trace import INVALID_SPAN, Span
 
 from bench.common import EVENT_TYPE, SECRET, body, relay_settings
 from outbox import store
@@ -31,6 +32,7 @@ from outbox.publisher import Publisher, build_headers, make_session
 from outbox.runtime import Relay
 from outbox.settings import decode_secret
 from outbox.signing import Signer
+from outbox.telemetry import Telemetry
 
 # The seed design's per-row outcome write (one statement per message).
 SEED_RECORD = """
@@ -103,16 +105,39 @@ async def run_raw(args: argparse.Namespace) -> dict[str, Any]:
     return {"wall_seconds": wall, "setup_cpu_seconds": setup_cpu}
 
 
-async def run_relay(args: argparse.Namespace) -> dict[str, Any]:
+async def run_relay(args: argparse.Namespace, telemetry: Telemetry | None = None) -> dict[str, Any]:
     """The relay as the triggers run it: ``Relay.open(settings)``, ``processor.execute()``."""
     settings = relay_settings(args.database_url, args.url, args.concurrency)
-    async with await Relay.open(settings) as relay:
+    async with await Relay.open(settings, telemetry=telemetry) as relay:
         started = time.monotonic()
         summary = await relay.processor.execute()
         wall = time.monotonic() - started
     if summary.error or summary.processed != args.messages:
         raise RuntimeError(f"relay drain incomplete: {summary.as_dict()}")
     return {"wall_seconds": wall, "summary": summary.as_dict()}
+
+
+class Untraced(Telemetry):
+    """No spans and no metrics at all: the baseline for what the telemetry costs with no SDK."""
+
+    @contextlib.contextmanager
+    def run(self, trigger: str) -> Iterator[Span]:
+        yield INVALID_SPAN
+
+    @contextlib.contextmanager
+    def delivery(self, **attributes: Any) -> Iterator[Span]:
+        yield INVALID_SPAN
+
+    def delivered(self, span: Span, result: Any, **fields: Any) -> None:
+        pass
+
+    def ran(self, span: Span, summary: Any) -> None:
+        pass
+
+
+async def run_untraced(args: argparse.Namespace) -> dict[str, Any]:
+    """The relay with its telemetry calls taken out (``relay`` runs them as the API's no-ops)."""
+    return await run_relay(args, telemetry=Untraced())
 
 
 async def run_seed(args: argparse.Namespace) -> dict[str, Any]:
@@ -243,6 +268,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] = 
     "relay": run_relay,
     "pgqueuer": run_pgqueuer,
     "seed": run_seed,
+    "untraced": run_untraced,
     "hints": run_hints,
 }
 

@@ -487,16 +487,17 @@ class OutboxProcessor:
                 result = await self._deliver(message, delivery.endpoint)
                 took = time.monotonic() - started
                 self._admission.finished(took)
-                self._telemetry.delivered(
-                    span,
-                    result,
-                    event_type=event_type,
-                    endpoint=name,
-                    outcome=self._outcome_label(result, delivery),
-                    seconds=took,
-                    created_at=message.created_at,
-                    now=self.clock.now(),
-                )
+                if self._telemetry.observing(span):
+                    self._telemetry.delivered(
+                        span,
+                        result,
+                        event_type=event_type,
+                        endpoint=name,
+                        outcome=self._outcome_label(result, delivery),
+                        seconds=took,
+                        created_at=message.created_at,
+                        now=self.clock.now(),
+                    )
             trace = span_ids(span.get_span_context())
         await self._breakers.observed(delivery.key, unwell(result), probe=delivery.probe)
         return Attempt(result, now, round(took * 1000), trace)

@@ -17,7 +17,7 @@ from outbox.redact import Redactor
 from outbox.resources import Closeable
 from outbox.settings import Settings, WebhookEndpoint
 from outbox.signing import Signer
-from outbox.telemetry import inject
+from outbox.telemetry import propagate
 
 # At most this much of a response body is kept: enough for an error snippet.
 MAX_SNIPPET_BYTES = 512
@@ -190,7 +190,7 @@ class Publisher(Closeable):
         headers = prepared.headers | build_headers(
             prepared.signer, str(message.message_id), body, self._clock()
         )
-        inject(headers)  # traceparent (and tracestate) of the current span: the delivery's
+        propagate(headers, message.trace_context)  # traceparent (and tracestate)
         try:
             return await self._post(self._sessions[key], prepared, body, headers)
         except TimeoutError:

@@ -21,11 +21,12 @@ query, a header, a secret or an error text.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -34,7 +35,7 @@ from urllib.parse import urlsplit
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.trace import Link, Span, SpanContext, SpanKind, StatusCode
+from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanContext, SpanKind, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from outbox.models import DeliveryResult, DrainSummary, Response, TransportError
@@ -50,6 +51,8 @@ MESSAGING_SYSTEM = "outbox"
 # The extras that ``configure()`` looks for.
 AZURE_MONITOR_EXTRA = 'pip install "outbox-relay[azure-monitor]"'
 OTLP_EXTRA = 'pip install "outbox-relay[otlp]"'
+# A delivery's "span" while no SDK traces: nothing started, nothing made current.
+_NO_SPAN = nullcontext(INVALID_SPAN)
 
 
 def capture() -> str | None:
@@ -75,9 +78,12 @@ def restore(stored: str | None) -> Context | None:
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
-def inject(headers: dict[str, str]) -> None:
-    """Add ``traceparent`` (and ``tracestate``) for the current span to ``headers``, if valid."""
+def propagate(headers: dict[str, str], stored: str | None) -> None:
+    """Add ``traceparent`` (and ``tracestate``) to a webhook's ``headers``: the current span's
+    (the delivery's), else, with no SDK recording one, the ``stored`` context as it is, checked."""
     PROPAGATOR.inject(headers)
+    if stored and "traceparent" not in headers and (context := restore(stored)) is not None:
+        PROPAGATOR.inject(headers, context)
 
 
 def trace_ids() -> tuple[str, str] | None:
@@ -102,13 +108,20 @@ class Backlog:
 
 class Telemetry:
     """The relay's tracer and instruments, from the given providers (by default the global ones,
-    which are no-ops until an SDK is configured, and follow it once it is)."""
+    which are no-ops until an SDK is configured, and follow it once it is).
+
+    While the global providers are the API's own (no SDK), no span is started and no instrument
+    is called at all: ``tracing`` and ``metering`` say so, read again at each run's start.
+    """
 
     def __init__(
         self,
         tracer_provider: trace.TracerProvider | None = None,
         meter_provider: metrics.MeterProvider | None = None,
     ) -> None:
+        self._own_providers = (tracer_provider is not None, meter_provider is not None)
+        self.tracing, self.metering = self._own_providers
+        self.refresh()
         self.tracer = trace.get_tracer(SCOPE, VERSION, tracer_provider=tracer_provider)
         meter = metrics.get_meter(SCOPE, VERSION, meter_provider=meter_provider)
         self.deliveries = meter.create_counter(
@@ -146,9 +159,28 @@ class Telemetry:
             description="Endpoints whose circuit breaker is open",
         )
 
+    def refresh(self) -> None:
+        """Whether an SDK records spans or metrics now (one may have been set up since)."""
+        own_tracer, own_meter = self._own_providers
+        self.tracing = own_tracer or not isinstance(
+            trace.get_tracer_provider(), trace.ProxyTracerProvider | trace.NoOpTracerProvider
+        )
+        self.metering = own_meter or type(metrics.get_meter_provider()).__name__ not in {
+            "_ProxyMeterProvider",  # the API's stand-in until a provider is set
+            "NoOpMeterProvider",
+        }
+
+    def observing(self, span: Span) -> bool:
+        """Whether a delivery's outcome is wanted: its span records, or metrics are on."""
+        return self.metering or span.is_recording()
+
     @contextmanager
     def run(self, trigger: str) -> Iterator[Span]:
         """The span of one processor run, current inside the block."""
+        self.refresh()
+        if not self.tracing:
+            yield INVALID_SPAN
+            return
         with self.tracer.start_as_current_span(
             "outbox run",
             kind=SpanKind.INTERNAL,
@@ -158,7 +190,6 @@ class Telemetry:
         ) as span:
             yield span
 
-    @contextmanager
     def delivery(
         self,
         *,
@@ -168,9 +199,31 @@ class Telemetry:
         url: str,
         attempt: int,
         stored: str | None,
-    ) -> Iterator[Span]:
+    ) -> AbstractContextManager[Span]:
         """The span of one delivery attempt, current inside the block (the webhook's
         ``traceparent`` is taken from it); ended when the block ends."""
+        if not self.tracing:
+            return _NO_SPAN
+        return self._delivery(
+            message_id=message_id,
+            event_type=event_type,
+            endpoint=endpoint,
+            url=url,
+            attempt=attempt,
+            stored=stored,
+        )
+
+    @contextmanager
+    def _delivery(
+        self,
+        *,
+        message_id: str,
+        event_type: str,
+        endpoint: str,
+        url: str,
+        attempt: int,
+        stored: str | None,
+    ) -> Iterator[Span]:
         span = self._start_delivery(
             message_id=message_id,
             event_type=event_type,
@@ -254,6 +307,8 @@ class Telemetry:
             if error_type is not None:
                 span.set_attribute("error.type", error_type)
                 span.set_status(StatusCode.ERROR)
+        if not self.metering:
+            return
         attributes = {"outcome": outcome, "event_type": event_type, "endpoint": endpoint}
         self.deliveries.add(1, attributes)
         self.duration.record(seconds, attributes)
@@ -296,6 +351,7 @@ class Telemetry:
             yield Observation(self.backlog.open_breakers)
 
 
+@functools.lru_cache(maxsize=256)
 def _server(url: str) -> tuple[str | None, int | None]:
     """The receiver's host and port: never its path, query or user info (they may hold secrets)."""
     try:
