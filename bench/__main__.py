@@ -8,7 +8,12 @@ Figures, each repeated and reported as a median:
 - scale: the lease statement with 10k and with 1M finished rows, and its plan; and with 1M rows
   waiting behind 1,000 held ordering keys;
 - memory: the relay's peak RSS draining a 100k backlog;
-- isolation: 200 messages for a healthy endpoint behind 1,000 for one that never answers.
+- isolation: 200 messages for a healthy endpoint behind 1,000 for one that never answers;
+- scaleout: a 100k backlog drained by one relay, then by 8 racing: the database's WAL and CPU per
+  message, and the slowest lease;
+- fanout: the database's cost per delivery with two endpoints per event type against one.
+
+Throughput, scale-out and fan-out read WAL and PostgreSQL CPU on a private embedded server.
 
 The smoke run uses tiny sizes and checks only that every message of every contender arrived.
 """
@@ -21,10 +26,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import isolation, latency, memory, report, scale, throughput
+from bench import dbcost, isolation, latency, memory, report, scale, throughput
 from bench.common import ReceiverProcess, admin_dsn, log
 
-PHASES = ("throughput", "latency", "scale", "memory", "isolation")
+PHASES = ("throughput", "latency", "scale", "memory", "isolation", "scaleout", "fanout")
 SMOKE = {
     "messages": 500,
     "rounds": 1,
@@ -43,6 +48,11 @@ SMOKE = {
     "isolation_healthy": 20,
     "isolation_timeout": 1.0,
     "isolation_runs": 1,
+    "scaleout_messages": 2_000,
+    "scaleout_relays": 3,
+    "scaleout_runs": 1,
+    "fanout_messages": 500,
+    "fanout_runs": 1,
 }
 
 
@@ -71,6 +81,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--isolation-healthy", type=int, default=200, help="messages for the healthy one")
     add("--isolation-timeout", type=float, default=3.0, help="HTTP timeout, seconds")
     add("--isolation-runs", type=int, default=3)
+    add("--scaleout-messages", type=int, default=100_000, help="the scale-out backlog")
+    add("--scaleout-relays", type=int, default=8, help="relay processes racing over it")
+    add("--scaleout-runs", type=int, default=3)
+    add("--fanout-messages", type=int, default=20_000)
+    add("--fanout-runs", type=int, default=3)
     add("--skip", default="", help=f"comma-separated phases to skip: {', '.join(PHASES)}")
     add("--output-json", type=Path, help="write the results here")
     add("--plot", type=Path, help="write the PNG plot here")
@@ -120,6 +135,21 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 healthy=args.isolation_healthy,
                 http_timeout=args.isolation_timeout,
                 runs=args.isolation_runs,
+                concurrency=args.concurrency,
+            )
+        if "scaleout" not in skip:
+            results["scaleout"] = await dbcost.measure_scaleout(
+                receiver,
+                messages=args.scaleout_messages,
+                relays=args.scaleout_relays,
+                runs=args.scaleout_runs,
+                concurrency=args.concurrency,
+            )
+        if "fanout" not in skip:
+            results["fanout"] = await dbcost.measure_fanout(
+                receiver,
+                messages=args.fanout_messages,
+                runs=args.fanout_runs,
                 concurrency=args.concurrency,
             )
     if "scale" not in skip:

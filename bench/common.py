@@ -36,18 +36,21 @@ ENQUEUE_CHUNK = 500
 
 
 @functools.cache
+def bench_server() -> Any:
+    """The benchmark's private embedded PostgreSQL (``bench.server``), or None where
+    ``OUTBOX_BENCH_ADMIN_DSN`` names a server to use instead (its WAL and CPU figures then
+    include whatever else runs there). Call it once before an event loop runs."""
+    if os.environ.get("OUTBOX_BENCH_ADMIN_DSN"):
+        return None
+    from bench.server import BenchServer
+
+    return BenchServer.start()
+
+
 def admin_dsn() -> str:
-    """A superuser DSN for the ``postgres`` database of the server the benchmark uses.
-
-    ``OUTBOX_BENCH_ADMIN_DSN`` if set, else the tests' choice: ``OUTBOX_TEST_ADMIN_DSN``, the
-    server on 127.0.0.1:5432, or an embedded one. Call it once before an event loop runs.
-    """
-    configured = os.environ.get("OUTBOX_BENCH_ADMIN_DSN")
-    if configured:
-        return configured
-    from tests.support import pg
-
-    return pg.admin_dsn()
+    """A superuser DSN for the ``postgres`` database of the server the benchmark uses."""
+    server = bench_server()
+    return str(server.admin_dsn if server else os.environ["OUTBOX_BENCH_ADMIN_DSN"])
 
 
 def with_database(dsn: str, database: str) -> str:
@@ -224,7 +227,9 @@ class CpuMeter:
 
     def __init__(self, receiver_pid: int) -> None:
         self._receiver = psutil.Process(receiver_pid)
-        self._postmaster = _postmaster()
+        server = bench_server()
+        pid = server.postmaster_pid if server else None
+        self._postmaster = psutil.Process(pid) if pid else _postmaster()
         self._start = self._sample()
 
     def _sample(self) -> tuple[float, float]:

@@ -4,6 +4,11 @@ Each run gets a fresh database, is filled before the clock starts (the relay's r
 ``outbox.enqueue``; pgqueuer's jobs through its ``Queries.enqueue``), vacuumed and analysed, then
 drained by ``bench.worker`` in a process of its own. Every run is checked: the receiver must have
 seen every message id, and the database must say every message was done.
+
+Each run also reports the WAL its enqueue and its drain wrote (``pg_current_wal_insert_lsn()``
+deltas, the schema created and a CHECKPOINT taken before each), and PostgreSQL's CPU during the
+drain: exact on the benchmark's private server (``bench.server``). For the relay's contenders,
+the drain's WAL by record type (``pg_waldump --stats=record``) comes with it.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from bench.common import (
     CpuMeter,
     Database,
     ReceiverProcess,
+    bench_server,
     body,
     chunks,
     enqueue_outbox,
@@ -27,6 +33,7 @@ from bench.common import (
     outbox_wall_seconds,
     settle,
 )
+from bench.server import wal_bytes, wal_lsn
 
 # "untraced": the relay with its telemetry calls taken out, for what they cost with no SDK.
 CONTENDERS = ("raw", "relay", "untraced", "pgqueuer", "seed")
@@ -55,6 +62,9 @@ class RunResult:
     requests: int
     distinct: int
     cpu_seconds: dict[str, float]
+    # WAL bytes the enqueue and the drain wrote; the drain's by record type (relay only).
+    wal_bytes: dict[str, int]
+    wal_record_types: dict[str, dict[str, int]] | None = None
 
 
 def run_worker(contender: str, url: str, database_url: str, options: Options) -> dict[str, Any]:
@@ -87,25 +97,42 @@ def run_worker(contender: str, url: str, database_url: str, options: Options) ->
     return result
 
 
-async def prepare(contender: str, db: Database, messages: int) -> None:
+OUTBOX_CONTENDERS = ("relay", "untraced", "seed")
+
+
+async def prepare(contender: str, db: Database, messages: int) -> int:
+    """Create the contender's schema, then enqueue ``messages``; the WAL bytes of the enqueue."""
     conn = await db.connect()
     try:
-        if contender in ("relay", "untraced", "seed"):
+        if contender in OUTBOX_CONTENDERS:
             await db.migrate()
+        elif contender == "pgqueuer":
+            await install_pgqueuer(conn)
+        await conn.execute("CHECKPOINT")
+        start = await wal_lsn(conn)
+        if contender in OUTBOX_CONTENDERS:
             await enqueue_outbox(conn, messages)
         elif contender == "pgqueuer":
             await enqueue_pgqueuer(conn, messages)
+        written = await wal_bytes(conn, start, await wal_lsn(conn))
         await settle(conn)
+        return written
     finally:
         await conn.close()
 
 
+async def install_pgqueuer(conn: Any) -> None:
+    """pgqueuer's schema, by its own installer."""
+    from pgqueuer import AsyncpgDriver, Queries
+
+    await Queries(AsyncpgDriver(conn)).install()
+
+
 async def enqueue_pgqueuer(conn: Any, messages: int) -> None:
-    """pgqueuer's schema (its own installer) and one job per message, the body as payload."""
+    """One pgqueuer job per message, the body as payload."""
     from pgqueuer import AsyncpgDriver, Queries
 
     queries = Queries(AsyncpgDriver(conn))
-    await queries.install()
     for part in chunks([body(i)[1] for i in range(messages)], 500):
         await queries.enqueue([PGQ_ENTRYPOINT] * len(part), list(part), [0] * len(part))
 
@@ -139,12 +166,25 @@ async def run_one(
     contender: str, round_: int, receiver: ReceiverProcess, options: Options
 ) -> RunResult:
     await receiver.reset()
+    wal = {"enqueue": 0, "drain": 0}
+    record_types = None
     async with Database(contender) as db:
         if contender != "raw":
-            await prepare(contender, db, options.messages)
-        meter = CpuMeter(receiver.pid)
-        worker = run_worker(contender, receiver.url(), db.url, options)
-        cpu = {"worker": worker["cpu_seconds"], **meter.stop()}
+            wal["enqueue"] = await prepare(contender, db, options.messages)
+        conn = await db.connect()
+        try:
+            start = await wal_lsn(conn)
+            meter = CpuMeter(receiver.pid)
+            worker = run_worker(contender, receiver.url(), db.url, options)
+            cpu = {"worker": worker["cpu_seconds"], **meter.stop()}
+            end = await wal_lsn(conn)
+            wal["drain"] = await wal_bytes(conn, start, end)
+        finally:
+            await conn.close()
+        if contender != "raw":
+            server = bench_server()
+            if contender in OUTBOX_CONTENDERS and server is not None:
+                record_types = server.wal_stats(start, end)
         stats = await receiver.stats()
         if stats.distinct != options.messages:
             raise AssertionError(
@@ -166,10 +206,14 @@ async def run_one(
         requests=stats.requests,
         distinct=stats.distinct,
         cpu_seconds=cpu,
+        wal_bytes=wal,
+        wal_record_types=record_types,
     )
     log(
         f"throughput {contender} round {round_}: {result.rate:,.0f} msg/s "
-        f"({wall:.2f} s, peak RSS {result.peak_rss_mb:.0f} MB, CPU s {cpu})"
+        f"({wall:.2f} s, peak RSS {result.peak_rss_mb:.0f} MB, CPU s {cpu}, WAL B/msg "
+        f"{wal['enqueue'] / options.messages:,.0f} enqueue, {wal['drain'] / options.messages:,.0f} "
+        "drain)"
     )
     return result
 

@@ -106,15 +106,49 @@ async def run_raw(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def run_relay(args: argparse.Namespace, telemetry: Telemetry | None = None) -> dict[str, Any]:
-    """The relay as the triggers run it: ``Relay.open(settings)``, ``processor.execute()``."""
-    settings = relay_settings(args.database_url, args.url, args.concurrency)
+    """The relay as the triggers run it: ``Relay.open(settings)``, ``processor.execute()``.
+
+    ``--endpoints N``: N endpoints for the event type (``<url>/e1`` … ``<url>/eN``), for the
+    fan-out run. ``--shared``: one of several relays racing over the backlog, so it delivers
+    a part of it. ``--lease-times``: report how long each lease statement took.
+    """
+    webhooks = None
+    if args.endpoints > 1:
+        group = [
+            {"name": f"e{n}", "url": f"{args.url}/e{n}", "secret": SECRET}
+            for n in range(1, args.endpoints + 1)
+        ]
+        webhooks = {EVENT_TYPE: group}
+    overrides = {"webhooks": webhooks} if webhooks else {}
+    settings = relay_settings(args.database_url, args.url, args.concurrency, **overrides)
+    leases: list[float] = []
+    if args.lease_times:
+        time_leases(leases)
     async with await Relay.open(settings, telemetry=telemetry) as relay:
         started = time.monotonic()
         summary = await relay.processor.execute()
         wall = time.monotonic() - started
-    if summary.error or summary.processed != args.messages:
+    complete = summary.processed == args.messages or (args.shared and summary.processed)
+    if summary.error or not complete:
         raise RuntimeError(f"relay drain incomplete: {summary.as_dict()}")
-    return {"wall_seconds": wall, "summary": summary.as_dict()}
+    result: dict[str, Any] = {"wall_seconds": wall, "summary": summary.as_dict()}
+    if args.lease_times:
+        result["lease_seconds"] = leases
+    return result
+
+
+def time_leases(durations: list[float]) -> None:
+    """Record the duration of every lease statement this process runs into ``durations``."""
+    lease_batch = store.lease_batch
+
+    async def timed(*args: Any, **kwargs: Any) -> store.Lease:
+        started = time.perf_counter()
+        try:
+            return await lease_batch(*args, **kwargs)
+        finally:
+            durations.append(time.perf_counter() - started)
+
+    store.lease_batch = timed  # type: ignore[assignment]
 
 
 class Untraced(Telemetry):
@@ -304,6 +338,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pgq-max-tasks", type=int, default=0)
     parser.add_argument("--pgq-entrypoint-limit", type=int, default=0)
     parser.add_argument("--profile", help="write a pyinstrument HTML profile here")
+    parser.add_argument("--endpoints", type=int, default=1, help="relay: endpoints per type")
+    parser.add_argument("--shared", action="store_true", help="relay: one of several racing")
+    parser.add_argument("--lease-times", action="store_true", help="relay: time each lease")
     args = parser.parse_args(argv)
     cpu_at_start = cpu_seconds()
     with profiler(args.profile):
