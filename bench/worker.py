@@ -128,7 +128,7 @@ async def run_relay(args: argparse.Namespace, telemetry: Telemetry | None = None
         started = time.monotonic()
         summary = await relay.processor.execute()
         wall = time.monotonic() - started
-    complete = summary.processed == args.messages or (args.shared and summary.processed)
+    complete = args.shared or summary.processed == args.messages
     if summary.error or not complete:
         raise RuntimeError(f"relay drain incomplete: {summary.as_dict()}")
     result: dict[str, Any] = {"wall_seconds": wall, "summary": summary.as_dict()}

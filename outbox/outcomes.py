@@ -92,6 +92,8 @@ def aggregate(
     stand afterwards (None when they stand alike, as the row says: nothing to keep)."""
     if not endpoints:  # nothing to deliver to: the one outcome says why
         return deliveries[0].outcome, None
+    if _delivered_at_once(message, deliveries, endpoints):
+        return Outcome(Status.PROCESSED), None
     states, due = _states(message, deliveries, endpoints)
     attempted = any(not d.outcome.not_attempted for d in deliveries)
     pending = [name for name in endpoints if states[name].status is Status.PENDING]
@@ -109,6 +111,22 @@ def aggregate(
         for state in states.values()
     )
     return outcome, None if alike else states
+
+
+def _delivered_at_once(
+    message: LeasedMessage, deliveries: Sequence[Delivered], endpoints: Sequence[str]
+) -> bool:
+    """The usual case, decided without building every endpoint's state: the one endpoint, with
+    nothing kept from before, answered 2xx."""
+    if len(endpoints) != 1 or len(deliveries) != 1 or message.endpoint_state:
+        return False
+    [delivered] = deliveries
+    outcome = delivered.outcome
+    return (
+        delivered.endpoint == endpoints[0]
+        and outcome.status is Status.PROCESSED
+        and not outcome.not_attempted
+    )
 
 
 def _states(

@@ -92,10 +92,10 @@ class _Delivery:
     started: tuple[datetime, float] | None = None
     queued: bool = True  # still waits for a delivery slot (counted by the admission)
     probe: bool = False  # the one request that decides whether the endpoint's breaker closes
+    key: Key = field(init=False)  # (event type, endpoint name)
 
-    @property
-    def key(self) -> Key:
-        return (self.batch.messages[self.index].event_type, _name(self.endpoint))
+    def __post_init__(self) -> None:
+        self.key = (self.batch.messages[self.index].event_type, _name(self.endpoint))
 
     @property
     def message(self) -> LeasedMessage:
