@@ -24,6 +24,7 @@ from bench.common import (
     CpuMeter,
     Database,
     ReceiverProcess,
+    bench_server,
     enqueue_outbox,
     log,
     median,
@@ -31,6 +32,10 @@ from bench.common import (
     settle,
 )
 from bench.server import wal_bytes, wal_lsn
+from outbox.store import QUERIES
+
+# How the lease statement's text begins, to find its executions in the server's log.
+LEASE_STATEMENT = QUERIES["lease_batch"][:40]
 
 
 def worker_command(db: Database, url: str, concurrency: int, *options: str) -> list[str]:
@@ -65,6 +70,11 @@ async def drain_with(
             await db.migrate()
             await enqueue_outbox(conn, messages)
             await settle(conn)
+            server = bench_server()
+            if server is not None:
+                # Every statement's execution time in the server's log, for the leases.
+                await conn.execute(f'ALTER DATABASE "{db.name}" SET log_min_duration_statement = 0')
+                log_from = server.log_offset()
             start = await wal_lsn(conn)
             meter = CpuMeter(receiver.pid)
             options = ["--messages", str(messages), "--lease-times", "--endpoints", str(endpoints)]
@@ -85,7 +95,12 @@ async def drain_with(
     stats = await receiver.stats()
     if counts != {"Processed": messages} or stats.distinct != messages:
         raise AssertionError(f"drain incomplete: {counts}, receiver saw {stats.distinct} ids")
-    leases = [d for output in outputs for d in output["lease_seconds"]]
+    # The server's own execution times where its log has them; else as each relay saw them
+    # (which adds the time its event loop took to get back to the answer).
+    client_leases = [d for output in outputs for d in output["lease_seconds"]]
+    leases = server.statement_seconds(log_from, LEASE_STATEMENT) if server else []
+    timed_by = "server" if leases else "relay"
+    leases = leases or client_leases
     deliveries = messages * endpoints
     return {
         "relays": relays,
@@ -97,8 +112,11 @@ async def drain_with(
         "postgres_cpu_us_per_message": round(cpu["postgres"] / messages * 1e6, 1),
         "postgres_cpu_us_per_delivery": round(cpu["postgres"] / deliveries * 1e6, 1),
         "leases": len(leases),
+        "lease_timed_by": timed_by,
         "lease_median_ms": round(median(leases) * 1000, 2),
         "lease_max_ms": round(max(leases) * 1000, 2),
+        "lease_seen_by_relay_median_ms": round(median(client_leases) * 1000, 2),
+        "lease_seen_by_relay_max_ms": round(max(client_leases) * 1000, 2),
         "processed_by_relay": [output["summary"]["processed"] for output in outputs],
     }
 

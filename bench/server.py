@@ -82,6 +82,22 @@ class BenchServer:
                 }
         return stats or None
 
+    @property
+    def log_file(self) -> Path:
+        return self.data_dir / "log"  # where the embedded server writes its log
+
+    def log_offset(self) -> int:
+        return self.log_file.stat().st_size if self.log_file.exists() else 0
+
+    def statement_seconds(self, since: int, statement_start: str) -> list[float]:
+        """How long the server took to execute each statement beginning with ``statement_start``
+        since log offset ``since`` (logged where ``log_min_duration_statement`` is 0)."""
+        with self.log_file.open("rb") as log:
+            log.seek(since)
+            text = log.read().decode("utf-8", errors="replace")
+        marker = re.compile(r"duration: ([\d.]+) ms\s+execute [^:]*: " + re.escape(statement_start))
+        return [float(m.group(1)) / 1000 for m in marker.finditer(text)]
+
 
 async def _configure(dsn: str) -> None:
     conn = await asyncpg.connect(dsn)
