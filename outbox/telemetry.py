@@ -201,61 +201,11 @@ class Telemetry:
         stored: str | None,
     ) -> AbstractContextManager[Span]:
         """The span of one delivery attempt, current inside the block (the webhook's
-        ``traceparent`` is taken from it); ended when the block ends."""
+        ``traceparent`` is taken from it) and ended when the block ends: a child of the
+        producer's stored context (and linked to the current run's span), else of the current
+        run's span. No span at all while no SDK traces."""
         if not self.tracing:
             return _NO_SPAN
-        return self._delivery(
-            message_id=message_id,
-            event_type=event_type,
-            endpoint=endpoint,
-            url=url,
-            attempt=attempt,
-            stored=stored,
-        )
-
-    @contextmanager
-    def _delivery(
-        self,
-        *,
-        message_id: str,
-        event_type: str,
-        endpoint: str,
-        url: str,
-        attempt: int,
-        stored: str | None,
-    ) -> Iterator[Span]:
-        span = self._start_delivery(
-            message_id=message_id,
-            event_type=event_type,
-            endpoint=endpoint,
-            url=url,
-            attempt=attempt,
-            stored=stored,
-        )
-        try:
-            with trace.use_span(span, record_exception=False, set_status_on_exception=False):
-                yield span
-        except BaseException as exc:
-            # Cancelled or broken mid-request: its kind only (an exception's text may hold a URL).
-            if span.is_recording():
-                span.set_attribute("error.type", type(exc).__name__)
-                span.set_status(StatusCode.ERROR)
-            raise
-        finally:
-            span.end()
-
-    def _start_delivery(
-        self,
-        *,
-        message_id: str,
-        event_type: str,
-        endpoint: str,
-        url: str,
-        attempt: int,
-        stored: str | None,
-    ) -> Span:
-        """A delivery's span: a child of the producer's stored context (and linked to the
-        current run's span), else of the current run's span."""
         parent = restore(stored)
         links = None
         if parent is not None:
@@ -277,13 +227,14 @@ class Telemetry:
             attributes["server.address"] = host
         if port:
             attributes["server.port"] = port
-        return self.tracer.start_span(
+        span = self.tracer.start_span(
             f"deliver {event_type}",
             context=parent,
             kind=SpanKind.CLIENT,
             attributes=attributes,
             links=links,
         )
+        return _current(span)
 
     def delivered(
         self,
@@ -349,6 +300,22 @@ class Telemetry:
     def _observe_breakers(self, options: CallbackOptions) -> Iterator[Observation]:
         if self.backlog is not None:
             yield Observation(self.backlog.open_breakers)
+
+
+@contextmanager
+def _current(span: Span) -> Iterator[Span]:
+    """``span`` current inside the block, ended after it; an exception marks it with its kind
+    only (its text may hold a URL)."""
+    try:
+        with trace.use_span(span, record_exception=False, set_status_on_exception=False):
+            yield span
+    except BaseException as exc:
+        if span.is_recording():
+            span.set_attribute("error.type", type(exc).__name__)
+            span.set_status(StatusCode.ERROR)
+        raise
+    finally:
+        span.end()
 
 
 @functools.lru_cache(maxsize=256)
