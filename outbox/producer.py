@@ -104,11 +104,12 @@ def prepare(
     check_ordering_key(ordering_key)
     limit = payload_limit() if max_payload_bytes is None else max_payload_bytes
     body = serialise_payload(payload, limit)
+    generated = message_id is None
     message_id = message_id or uuid.uuid4()
     # The producer's trace (its active span), continued by the delivery; None without one.
     trace_context = telemetry.capture()
     return message_id, store.insert_message(
-        message_id, event_type, body, ordering_key, trace_context
+        message_id, event_type, body, ordering_key, trace_context, generated_id=generated
     )
 
 

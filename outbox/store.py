@@ -134,12 +134,14 @@ def insert_message(
     payload: str,
     ordering_key: str | None = None,
     trace_context: str | None = None,
+    *,
+    generated_id: bool = False,
 ) -> Statement:
     """Insert a Pending row; it returns a row, or none when a row with this id already exists.
-    ``trace_context``: the producer's W3C trace context as JSON text (``telemetry.capture()``)."""
-    return Statement(
-        "insert_message", (message_id, event_type, payload, ordering_key, trace_context)
-    )
+    ``trace_context``: the producer's W3C trace context as JSON text (``telemetry.capture()``).
+    ``generated_id``: the id is a random UUID just made, so no conflict is looked for."""
+    name = "insert_new_message" if generated_id else "insert_message"
+    return Statement(name, (message_id, event_type, payload, ordering_key, trace_context))
 
 
 def claim_inbox(webhook_id: str) -> Statement:

@@ -14,6 +14,17 @@ VALUES ($1, $2, $3::jsonb, 'Pending', now(), $4::text,
 ON CONFLICT (outbox_message_id) DO NOTHING
 RETURNING outbox_message_id;
 
+-- insert_new_message --
+-- insert_message for an id the producer generated (a random UUID, never in the table): without
+-- ON CONFLICT, whose speculative insertion writes one more WAL record per message.
+INSERT INTO outbox_messages
+    (outbox_message_id, event_type, payload, status, next_attempt_at, ordering_key, ordering_seq,
+     trace_context)
+VALUES ($1, $2, $3::jsonb, 'Pending', now(), $4::text,
+        CASE WHEN $4::text IS NOT NULL THEN nextval('outbox_messages_ordering_seq') END,
+        $5::jsonb)
+RETURNING outbox_message_id;
+
 -- claim_inbox --
 -- A consumer records a received webhook id ($1) inside its own transaction: returns the id the
 -- first time, nothing when it is already recorded. A concurrent claim of the same id waits for the

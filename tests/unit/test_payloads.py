@@ -190,3 +190,19 @@ def test_text_fields_with_control_characters_are_refused_by_name(
     expected = re.escape(f"{name} contains a control character ({code})")
     with pytest.raises(InvalidMessageError, match=expected):
         check(value)
+
+
+def test_a_generated_id_is_inserted_without_looking_for_a_conflict() -> None:
+    """A random UUID made here cannot be in the table: no ON CONFLICT (one WAL record less per
+    message); an id the caller gives is checked, and a duplicate reported."""
+    import uuid
+
+    from outbox.producer import prepare
+
+    _, generated = prepare("OrderCompleted", {"n": 1}, None, None, None)
+    given, statement = prepare("OrderCompleted", {"n": 1}, uuid.uuid4(), None, None)
+    assert generated.name == "insert_new_message"
+    assert "DO NOTHING" not in generated.sql
+    assert statement.name == "insert_message"
+    assert "ON CONFLICT (outbox_message_id) DO NOTHING" in statement.sql
+    assert statement.args[0] == given
