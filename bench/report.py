@@ -372,8 +372,16 @@ def table(doc: dict[str, Any]) -> str:
     verdicts = doc["targets"]
     names = {
         "relay_vs_pgqueuer": "relay ÷ pgqueuer",
-        "relay_vs_raw": "relay ÷ raw HTTP ceiling",
-        "relay_vs_seed": "relay ÷ seed loop",
+        "relay_vs_untraced": "relay ÷ relay without telemetry calls",
+        "worker_cpu_relay_vs_raw": "relay process CPU per message ÷ raw client's",
+        "wal_delivered_relay_vs_pgqueuer": "WAL per delivered message, relay ÷ pgqueuer",
+        "wal_enqueued_relay_vs_pgqueuer": "WAL per enqueued message, relay ÷ pgqueuer",
+        "postgres_cpu_relay_vs_pgqueuer": "PostgreSQL CPU per message, relay ÷ pgqueuer",
+        "scaleout_wal_ratio": "WAL per message, 8 racing relays ÷ one",
+        "scaleout_postgres_cpu_ratio": "PostgreSQL CPU per message, 8 racing relays ÷ one",
+        "scaleout_slowest_lease_ratio": "slowest lease of 8 racing relays ÷ one relay's median",
+        "fanout_wal_per_delivery_ratio": "WAL per delivery, two endpoints ÷ one",
+        "fanout_postgres_cpu_per_delivery_ratio": "PostgreSQL CPU per delivery, 2 endpoints ÷ 1",
         "lease_large_vs_small": "lease time, large ÷ small table",
         "lease_held_vs_none": "lease time, with ÷ without rows behind held keys",
         "relay_peak_rss_mb": "relay peak RSS (MB)",
