@@ -206,3 +206,13 @@ def test_a_generated_id_is_inserted_without_looking_for_a_conflict() -> None:
     assert statement.name == "insert_message"
     assert "ON CONFLICT (outbox_message_id) DO NOTHING" in statement.sql
     assert statement.args[0] == given
+
+
+def test_both_inserts_write_the_same_row() -> None:
+    from outbox.store import QUERIES
+
+    def statement(name: str) -> list[str]:
+        lines = QUERIES[name].splitlines()
+        return [line for line in lines if not line.startswith("--") and "DO NOTHING" not in line]
+
+    assert statement("insert_new_message") == statement("insert_message")
