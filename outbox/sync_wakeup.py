@@ -75,11 +75,8 @@ class WakeUpQueue:
     @classmethod
     def from_settings(cls, settings: QueueSettings | None = None) -> Self:
         settings = settings or QueueSettings.load()
-        secrets = (
-            [settings.queue_connection.get_secret_value()] if settings.queue_connection else []
-        )
         client = make_sync_queue_client(settings)
-        return cls(client, redact=Redactor(secrets), owns_credential=True)
+        return cls(client, redact=wakeup.queue_redactor(settings), owns_credential=True)
 
     def notify(self) -> bool:
         """Send one hint. Never raises: on failure, or without an answer within

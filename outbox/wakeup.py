@@ -122,6 +122,12 @@ async def notify_once(settings: QueueSettings | None = None) -> bool:
         return await temporary.notify()
 
 
+def queue_redactor(settings: QueueSettings) -> Redactor:
+    """What a hint client's errors must never show: the queue's connection string."""
+    connection = settings.queue_connection
+    return Redactor([connection.get_secret_value()] if connection else [])
+
+
 class WakeUpQueue(Closeable):
     """Sends hints to the wake-up queue; reuse one per process (it holds an HTTP session)."""
 
@@ -140,10 +146,9 @@ class WakeUpQueue(Closeable):
     @classmethod
     def from_settings(cls, settings: QueueSettings | None = None) -> Self:
         settings = settings or QueueSettings.load()
-        secrets = (
-            [settings.queue_connection.get_secret_value()] if settings.queue_connection else []
+        return cls(
+            make_queue_client(settings), redact=queue_redactor(settings), owns_credential=True
         )
-        return cls(make_queue_client(settings), redact=Redactor(secrets), owns_credential=True)
 
     async def notify(self, *, delay_seconds: int = 0) -> bool:
         """Send one hint (invisible for ``delay_seconds``, at most seven days). Never raises: on
