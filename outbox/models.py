@@ -120,7 +120,7 @@ class Attempt:
     """One delivery attempt as the worker saw it: the result and when it ran (worker clock)."""
 
     result: DeliveryResult
-    started_at: datetime
+    started_epoch: float  # seconds since the epoch
     duration_ms: int
     # The (trace id, span id) of its span, in hex, for its log line; None without one.
     trace: tuple[str, str] | None = None

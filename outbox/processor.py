@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, TypeVar
 
 from outbox import store
@@ -89,7 +89,7 @@ class _Delivery:
     # Its attempt, the exception that escaped it, or None (not finished).
     attempt: Attempt | BaseException | None = None
     # When its request started (wall clock, monotonic), or None (not started).
-    started: tuple[datetime, float] | None = None
+    started: tuple[float, float] | None = None
     queued: bool = True  # still waits for a delivery slot (counted by the admission)
     probe: bool = False  # the one request that decides whether the endpoint's breaker closes
     key: Key = field(init=False)  # (event type, endpoint name)
@@ -449,10 +449,18 @@ class OutboxProcessor:
             batch.closed = True
             for delivery in batch.all_deliveries():
                 self._leave(delivery)
-            now = self.clock.now()  # a Retry-After date is the receiver's idea of this time
-            records = [self._outcome(batch, index, now) for index in range(len(batch.messages))]
+            await shielded(self._record_batch(batch))
+
+    async def _record_batch(self, batch: _Batch) -> None:
+        """Write a finished batch's outcomes; the usual batch (all delivered) in the lean way."""
+        if (sent := _all_sent(batch)) is not None:
             await self._breakers.flush()
-            await shielded(self._record(records, batch.run))
+            await self._record_sent(batch, sent)
+            return
+        now = self.clock.now()  # a Retry-After date is the receiver's idea of this time
+        records = [self._outcome(batch, index, now) for index in range(len(batch.messages))]
+        await self._breakers.flush()
+        await self._record(records, batch.run)
 
     async def _attempt(self, delivery: _Delivery) -> Attempt:
         key = delivery.key
@@ -467,10 +475,10 @@ class OutboxProcessor:
         # runs, and a delivery this run will not make must not wait behind their requests.
         if held := await self._held(delivery, time.monotonic()):
             self._leave(delivery)
-            return Attempt(held, datetime.now(UTC), 0)
+            return Attempt(held, time.time(), 0)
         async with self._slots:
             self._leave(delivery)
-            now = datetime.now(UTC)
+            now = time.time()
             started = time.monotonic()
             if reason := self._not_sent_because(delivery, started):
                 return Attempt(NotAttempted(reason), now, 0)
@@ -505,7 +513,7 @@ class OutboxProcessor:
     def _outcome_label(self, result: DeliveryResult, delivery: _Delivery) -> str:
         """What ``result`` comes to for its endpoint (Processed, Pending, Failed), for telemetry;
         the outcome written is decided with the batch's (``_delivered``)."""
-        attempt = Attempt(result, datetime.now(UTC), 0)
+        attempt = Attempt(result, time.time(), 0)
         try:
             outcome = self._classify(
                 attempt, delivery.number, delivery.endpoint.final_statuses, self.clock.now()
@@ -552,7 +560,7 @@ class OutboxProcessor:
     def _outcome(self, batch: _Batch, index: int, now: datetime) -> Recorded:
         message, planned = batch.messages[index], batch.deliveries[index]
         if isinstance(planned, Undeliverable):
-            attempt = Attempt(planned, now, 0)
+            attempt = Attempt(planned, now.timestamp(), 0)
             outcome = self._classify(attempt, 1, (), now)
             return Recorded(message, outcome, (Delivered(None, message.attempt, attempt, outcome),))
         delivered = tuple(self._delivered(delivery, now) for delivery in planned)
@@ -589,65 +597,89 @@ class OutboxProcessor:
         return TransportError(self._redact(f"unexpected {name}: {error}"), name)
 
     def _broken_attempt(
-        self, error: BaseException | None, started: tuple[datetime, float] | None, now: datetime
+        self, error: BaseException | None, started: tuple[float, float] | None, now: datetime
     ) -> Attempt:
         """An attempt that did not return: never sent, interrupted, or failed unexpectedly."""
         if error is not None:
             result: DeliveryResult = self._unexpected(error)
         elif started is None:
             # Never sent (the run was cancelled first): given back as it was, not counted.
-            return Attempt(NotAttempted(NOT_SENT), now, 0)
+            return Attempt(NotAttempted(NOT_SENT), now.timestamp(), 0)
         else:
             # The request may have reached the receiver: count the attempt and retry later.
             result = TransportError("delivery interrupted before it completed", "Interrupted")
         if started is None:
-            return Attempt(result, now, 0)
+            return Attempt(result, now.timestamp(), 0)
         return Attempt(result, started[0], round((time.monotonic() - started[1]) * 1000))
 
     async def _record(self, records: list[Recorded], run: _Run) -> None:
-        summary = run.summary
-        tries = 0
-
-        async def write() -> store.Written:
-            nonlocal tries
-            tries += 1
-            # A retry may follow a write that committed before its connection was lost.
-            return await store.record_outcomes(
-                self._pool, records, hold_on_failure=self._hold, retrying=tries > 1
+        def write(retrying: bool) -> Awaitable[store.Written]:
+            return store.record_outcomes(
+                self._pool, records, hold_on_failure=self._hold, retrying=retrying
             )
 
-        try:
-            written = await retry_database(write)
-        except DatabaseError as exc:
-            # The rows stay Processing; once their lease expires they are delivered again.
-            summary.unrecorded += len(records)
-            self._report_database_error(summary, exc)
-            return
-        except Exception as exc:  # noqa: BLE001 - a bug: in the summary, not only in a log line
-            summary.unrecorded += len(records)
-            self._report_error(summary, f"outcome write failed: {describe(exc)}")
+        written = await self._write(write, len(records), run.summary)
+        if written is None:
             return
         run.rule.recorded(records, written.lets_next_go)
         batch = DrainSummary(leased=len(records))
         for record in records:
             applied = record.message.message_id in written.applied
             log_outcome(record, applied=applied)
-            for counts in (summary, batch):
+            for counts in (run.summary, batch):
                 if applied:
                     counts.count(record.outcome)
                 else:
                     counts.stale += 1
-        log_event(
-            batch_logger,
-            logging.INFO,
-            "outbox.batch",
-            leased=batch.leased,
-            processed=batch.processed,
-            retried=batch.retried,
-            failed=batch.failed,
-            released=batch.released,
-            stale=batch.stale,
-        )
+        _log_batch(batch)
+
+    async def _record_sent(self, batch: _Batch, sent: list[store.SentAttempt]) -> None:
+        """Record a batch whose every message was delivered (``_all_sent``)."""
+        messages = batch.messages
+
+        def write(retrying: bool) -> Awaitable[store.Written]:
+            return store.record_delivered(
+                self._pool, messages, sent, hold_on_failure=self._hold, retrying=retrying
+            )
+
+        summary = batch.run.summary
+        written = await self._write(write, len(messages), summary)
+        if written is None:
+            return
+        batch.run.rule.recorded((), written.lets_next_go)
+        stale = len(messages) - len(written.applied)
+        if stale or delivery_logger.isEnabledFor(logging.DEBUG):
+            now = self.clock.now()
+            for index, message in enumerate(messages):
+                applied = message.message_id in written.applied
+                log_outcome(self._outcome(batch, index, now), applied=applied)
+        summary.processed += len(messages) - stale
+        summary.stale += stale
+        _log_batch(DrainSummary(leased=len(messages), processed=len(messages) - stale, stale=stale))
+
+    async def _write(
+        self, write: Callable[[bool], Awaitable[store.Written]], count: int, summary: DrainSummary
+    ) -> store.Written | None:
+        """Run an outcome ``write`` (given whether it repeats one whose reply was lost), retried
+        after transient errors; None when it failed for good: the run's error says why."""
+        tries = 0
+
+        async def attempt() -> store.Written:
+            nonlocal tries
+            tries += 1
+            # A retry may follow a write that committed before its connection was lost.
+            return await write(tries > 1)
+
+        try:
+            return await retry_database(attempt)
+        except DatabaseError as exc:
+            # The rows stay Processing; once their lease expires they are delivered again.
+            summary.unrecorded += count
+            self._report_database_error(summary, exc)
+        except Exception as exc:  # noqa: BLE001 - a bug: in the summary, not only in a log line
+            summary.unrecorded += count
+            self._report_error(summary, f"outcome write failed: {describe(exc)}")
+        return None
 
     async def _finish(self, tasks: set[asyncio.Task[None]]) -> None:
         """Wait for every task in ``tasks``; their own errors are logged (redacted), not raised."""
@@ -669,6 +701,47 @@ class OutboxProcessor:
         summary.stopped_by = "error"
         summary.error = self._redact(text)
         logger.error("outbox drain: %s", summary.error)
+
+
+def _all_sent(batch: _Batch) -> list[store.SentAttempt] | None:
+    """The batch's attempts, if each message was answered 2xx by every endpoint of its event
+    type with nothing kept from before (all Processed: ``store.record_delivered``); else None."""
+    sent: list[store.SentAttempt] = []
+    for message, planned in zip(batch.messages, batch.deliveries, strict=True):
+        if message.endpoint_state is not None or not isinstance(planned, list):
+            return None
+        for delivery in planned:
+            attempt = delivery.attempt
+            if not isinstance(attempt, Attempt):
+                return None
+            result = attempt.result
+            if not isinstance(result, Response) or not 200 <= result.status < 300:
+                return None
+            sent.append(
+                store.SentAttempt(
+                    message.message_id,
+                    _name(delivery.endpoint),
+                    delivery.number,
+                    attempt.started_epoch,
+                    attempt.duration_ms,
+                    result.status,
+                )
+            )
+    return sent
+
+
+def _log_batch(batch: DrainSummary) -> None:
+    log_event(
+        batch_logger,
+        logging.INFO,
+        "outbox.batch",
+        leased=batch.leased,
+        processed=batch.processed,
+        retried=batch.retried,
+        failed=batch.failed,
+        released=batch.released,
+        stale=batch.stale,
+    )
 
 
 def log_outcome(record: Recorded, *, applied: bool) -> None:

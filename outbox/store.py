@@ -242,22 +242,94 @@ async def record_outcomes(
     """
     if not records:
         return Written(set())
-    if retrying:
-        ids = [r.message.message_id for r in records]
-        tokens = [r.message.lease_token for r in records]
-        earlier = await conn.fetchrow(QUERIES["outcomes_written"], ids, tokens)
-        if earlier["written"] or earlier["applied"]:
-            # It committed: writing again would double the history.
-            return Written(set(earlier["applied"]), lets_next_go=True)
+    messages = [r.message for r in records]
+    if retrying and (earlier := await _written_before(conn, messages)) is not None:
+        return earlier
     try:
         return await _write_outcomes(conn, records, hold_on_failure)
     except asyncpg.ForeignKeyViolationError:
         # A message was deleted (purged, or by hand) after another worker took it over: our
         # stale attempt has nowhere to go. Write the rest; the deleted ones count as stale.
-        ids = [r.message.message_id for r in records]
-        present = {row["outbox_message_id"] for row in await conn.fetch(QUERIES["present"], ids)}
+        present = await _present(conn, messages)
         kept = [r for r in records if r.message.message_id in present]
         return await _write_outcomes(conn, kept, hold_on_failure)
+
+
+class SentAttempt(NamedTuple):
+    """One attempt of ``record_delivered``: an endpoint that answered 2xx. Element i of its
+    i-th attempt array, in this order."""
+
+    outbox_message_id: UUID
+    endpoint: str
+    attempt_number: int
+    started_epoch: float
+    duration_ms: int
+    http_status: int
+
+
+@database_boundary
+async def record_delivered(
+    conn: Connection,
+    messages: Sequence[LeasedMessage],
+    attempts: Sequence[SentAttempt],
+    *,
+    hold_on_failure: bool = True,
+    retrying: bool = False,
+) -> Written:
+    """``record_outcomes`` for the usual batch: each message answered 2xx by every endpoint of
+    its event type, with no endpoint state kept from before (they are all Processed). The same
+    rows written, from two arrays per message and six per attempt instead of seven and ten."""
+    if not messages:
+        return Written(set())
+    if retrying and (earlier := await _written_before(conn, messages)) is not None:
+        return earlier
+    try:
+        return await _write_delivered(conn, messages, attempts, hold_on_failure)
+    except asyncpg.ForeignKeyViolationError:
+        present = await _present(conn, messages)
+        return await _write_delivered(
+            conn,
+            [m for m in messages if m.message_id in present],
+            [a for a in attempts if a.outbox_message_id in present],
+            hold_on_failure,
+        )
+
+
+async def _write_delivered(
+    conn: Connection,
+    messages: Sequence[LeasedMessage],
+    attempts: Sequence[SentAttempt],
+    hold_on_failure: bool,
+) -> Written:
+    if not messages:
+        return Written(set())
+    ids = [m.message_id for m in messages]
+    by_column = zip(*attempts, strict=True) if attempts else [[]] * len(SentAttempt._fields)
+    row = await conn.fetchrow(
+        QUERIES["record_delivered"],
+        ids,
+        [m.lease_token for m in messages],
+        *map(list, by_column),
+        hold_on_failure,
+    )
+    return Written(set(ids).difference(row["stale"]), row["lets_next_go"])
+
+
+async def _written_before(conn: Connection, messages: Sequence[LeasedMessage]) -> Written | None:
+    """What an outcome write whose reply was lost did, if it committed after all (writing again
+    would double the history); None if it did not."""
+    ids = [m.message_id for m in messages]
+    tokens = [m.lease_token for m in messages]
+    earlier = await conn.fetchrow(QUERIES["outcomes_written"], ids, tokens)
+    if earlier["written"] or earlier["applied"]:
+        return Written(set(earlier["applied"]), lets_next_go=True)
+    return None
+
+
+async def _present(conn: Connection, messages: Sequence[LeasedMessage]) -> set[UUID]:
+    """Which of ``messages`` still exist."""
+    ids = [m.message_id for m in messages]
+    return {row["outbox_message_id"] for row in await conn.fetch(QUERIES["present"], ids)}
 
 
 async def _write_outcomes(
@@ -339,7 +411,7 @@ def _attempt_row(record: Recorded, delivered: Delivered) -> AttemptRow:
         endpoint=delivered.endpoint,
         attempt_number=delivered.number,
         status=outcome.status.value,
-        started_epoch=attempt.started_at.timestamp(),
+        started_epoch=attempt.started_epoch,
         duration_ms=attempt.duration_ms,
         http_status=facts.http_status,
         error_class=facts.error_class,

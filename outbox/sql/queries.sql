@@ -220,6 +220,85 @@ SELECT u.outbox_message_id,
 FROM updated AS u
 LEFT JOIN next_in_key AS n ON n.after = u.outbox_message_id;
 
+-- record_delivered --
+-- record_outcomes for the usual batch: every message was answered 2xx by each endpoint of its
+-- event type, with nothing kept from before (endpoint_state NULL), so every outcome is Processed.
+-- The same rows written from fewer arrays: $1 ids and $2 lease tokens, one element per message;
+-- $3…$8 one element per attempt, in the order of store.SentAttempt; $9 as $18 of record_outcomes.
+-- Fenced by the lease token and keeping every attempt, as record_outcomes does. Returns one row:
+-- the ids whose outcome was not applied (stale), and whether an applied one let the next message
+-- of its ordering key go, due now.
+WITH o AS (
+    SELECT *
+    FROM unnest($1::uuid[], $2::uuid[]) AS o(outbox_message_id, lease_token)
+),
+a AS (
+    SELECT *
+    FROM unnest($3::uuid[], $4::text[], $5::int[], $6::float8[], $7::int[], $8::int[])
+         AS a(outbox_message_id, endpoint, attempt_number, started_epoch, duration_ms,
+              http_status)
+),
+updated AS (
+    UPDATE outbox_messages AS m
+    SET status = 'Processed',
+        processed_at = now(),
+        lease_expires_at = NULL,
+        last_error = NULL,
+        endpoint_state = NULL
+    FROM o
+    WHERE m.outbox_message_id = o.outbox_message_id
+      AND m.status = 'Processing'
+      AND m.lease_token = o.lease_token
+    RETURNING m.outbox_message_id, m.ordering_key, m.ordering_seq
+),
+next_in_key AS (
+    SELECT n.outbox_message_id, n.next_attempt_at
+    FROM updated AS u
+    CROSS JOIN LATERAL (
+        SELECT n.outbox_message_id, n.status, n.next_attempt_at
+        FROM outbox_messages AS n
+        WHERE n.ordering_key = u.ordering_key
+          AND n.ordering_seq > u.ordering_seq
+          AND n.status <> 'Processed'
+          AND (n.status <> 'Failed' OR $9::bool)
+        ORDER BY n.ordering_seq
+        LIMIT 1
+    ) AS n
+    WHERE u.ordering_key IS NOT NULL
+      AND n.status = 'Pending'
+),
+let_go AS (
+    UPDATE outbox_messages AS m
+    SET next_attempt_at = now()
+    FROM next_in_key
+    WHERE m.outbox_message_id = next_in_key.outbox_message_id
+      AND m.status = 'Pending'
+      AND m.next_attempt_at = 'infinity'
+    RETURNING m.outbox_message_id
+),
+history AS (
+    INSERT INTO outbox_attempts
+        (outbox_message_id, attempt_number, lease_token, started_at, finished_at, duration_ms,
+         outcome, applied, http_status, endpoint)
+    SELECT a.outbox_message_id, a.attempt_number, o.lease_token, to_timestamp(a.started_epoch),
+           to_timestamp(a.started_epoch + a.duration_ms / 1000.0), a.duration_ms,
+           'Processed', updated.outbox_message_id IS NOT NULL, a.http_status, a.endpoint
+    FROM a
+    JOIN o ON o.outbox_message_id = a.outbox_message_id
+    LEFT JOIN updated ON updated.outbox_message_id = a.outbox_message_id
+)
+SELECT ARRAY(
+           SELECT o.outbox_message_id
+           FROM o
+           WHERE NOT EXISTS (
+               SELECT 1 FROM updated AS u WHERE u.outbox_message_id = o.outbox_message_id)
+       ) AS stale,
+       EXISTS (
+           SELECT 1
+           FROM next_in_key AS n
+           WHERE n.next_attempt_at = 'infinity' OR n.next_attempt_at <= now()
+       ) AS lets_next_go;
+
 -- release_held --
 -- Let go parked messages whose wait is over although nothing let them go: the message before
 -- them was deleted or changed by hand, or OUTBOX_ORDERING_ON_FAILURE became release. Reads the

@@ -15,7 +15,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 import outbox
 from outbox import store
-from outbox.models import DrainSummary
+from outbox.models import Attempt, Delivered, DrainSummary, Outcome, Recorded, Response, Status
 from outbox.processor import Deliver, OutboxProcessor, shielded
 from outbox.settings import QueueSettings
 from outbox.wakeup import WakeUpQueue
@@ -316,20 +316,31 @@ async def _some_rows(db: Any) -> bool:
     return bool(await db.fetchval("SELECT count(*) FROM outbox_messages"))
 
 
+# The two statements that write a batch's outcomes: any batch, and a batch all delivered.
+OUTCOME_WRITES = ("record_outcomes", "record_delivered")
+
+
 class CountingPool:
-    """A pool that counts the statements it runs, by name."""
+    """A pool that counts the statements it runs, by name (outcome writes with their size)."""
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
         self.calls: list[tuple[str, int]] = []
 
-    async def fetch(self, query: str, *args: Any) -> Any:
+    def _count(self, query: str, args: tuple[Any, ...]) -> None:
         name = next(n for n, q in store.QUERIES.items() if q == query)
-        self.calls.append((name, len(args[0]) if name == "record_outcomes" else 0))
+        self.calls.append((name, len(args[0]) if name in OUTCOME_WRITES else 0))
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        self._count(query, args)
         return await self._pool.fetch(query, *args)
 
+    async def fetchrow(self, query: str, *args: Any) -> Any:
+        self._count(query, args)
+        return await self._pool.fetchrow(query, *args)
+
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)  # fetchrow, execute: not counted
+        return getattr(self._pool, name)  # execute, fetchval: not counted
 
 
 async def test_outcomes_of_a_batch_are_written_in_one_statement(
@@ -343,8 +354,13 @@ async def test_outcomes_of_a_batch_are_written_in_one_statement(
         processor = OutboxProcessor(pool, relay.publisher.deliver, settings)
         summary = await processor.execute()
     assert (summary.processed, summary.retried) == (20, 5)
-    writes = [size for name, size in pool.calls if name == "record_outcomes"]
-    assert sorted(writes) == [5, 10, 10]
+    writes = [(name, size) for name, size in pool.calls if name in OUTCOME_WRITES]
+    # The batch with retries through the general statement, the ones all delivered the lean one.
+    assert sorted(writes) == [
+        ("record_delivered", 5),
+        ("record_delivered", 10),
+        ("record_outcomes", 10),
+    ]
     assert [name for name, _ in pool.calls].count("lease_batch") == 4  # the last one finds nothing
 
 
@@ -370,36 +386,86 @@ def raising_for(message_id: Any, error: BaseException) -> Callable[[Deliver], De
     return wrap
 
 
+async def test_a_batch_all_delivered_is_written_as_the_general_statement_writes_it(
+    db: Any,
+) -> None:
+    # The lean statement (record_delivered) must leave the very rows record_outcomes would.
+    ids = await seed(db, 2, payload=lambda _: {"same": True})
+    lease = await store.lease_batch(db, 10, 30.0)
+    general, lean = sorted(lease.messages, key=lambda m: ids.index(m.message_id))
+    started = time.time()
+    outcome = Outcome(Status.PROCESSED)
+    attempt = Delivered("OrderCompleted", 1, Attempt(Response(204), started, 12), outcome)
+    await store.record_outcomes(db, [Recorded(general, outcome, (attempt,))])
+    sent = store.SentAttempt(lean.message_id, "OrderCompleted", 1, started, 12, 204)
+    written = await store.record_delivered(db, [lean], [sent])
+    assert written == store.Written({lean.message_id}, lets_next_go=False)
+
+    async def written_for(message_id: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+        message = dict(await row(db, message_id))
+        history = dict(
+            await db.fetchrow(
+                "SELECT * FROM outbox_attempts WHERE outbox_message_id = $1", message_id
+            )
+        )
+        assert message["processed_at"] is not None
+        # What differs between any two messages, or between two statements' now().
+        for key in ("outbox_message_id", "created_at", "lease_token", "processed_at", "due_in"):
+            del message[key]
+        for key in ("attempt_id", "outbox_message_id", "lease_token", "recorded_at"):
+            del history[key]
+        return message, history
+
+    assert await written_for(ids[1]) == await written_for(ids[0])
+    assert (await row(db, ids[1]))["status"] == "Processed"
+
+
+def is_outcome_write(query: str) -> bool:
+    return query in (store.QUERIES[name] for name in OUTCOME_WRITES)
+
+
 class LostReplyPool:
     """A pool whose first outcome write commits, but whose reply is lost on the way back."""
 
     def __init__(self, pool: Any) -> None:
         self._pool = pool
-        self.lost = False
+        self.lost: str | None = None  # the statement whose reply was lost
 
     async def fetchrow(self, query: str, *args: Any) -> Any:
-        return await self._pool.fetchrow(query, *args)
+        return self._lose(query, await self._pool.fetchrow(query, *args))
 
     async def fetch(self, query: str, *args: Any) -> Any:
-        rows = await self._pool.fetch(query, *args)
-        if query == store.QUERIES["record_outcomes"] and not self.lost:
-            self.lost = True
+        return self._lose(query, await self._pool.fetch(query, *args))
+
+    def _lose(self, query: str, result: Any) -> Any:
+        if is_outcome_write(query) and not self.lost:
+            self.lost = next(n for n in OUTCOME_WRITES if store.QUERIES[n] == query)
             raise ConnectionResetError("connection lost before the reply arrived")
-        return rows
+        return result
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)  # execute (the breakers' writes)
 
 
+@pytest.mark.parametrize(
+    ("replies", "statement"),
+    [([], "record_delivered"), ([Reply(500)], "record_outcomes")],
+    ids=["all-delivered", "with-a-retry"],
+)
 async def test_an_outcome_write_retried_after_its_lost_reply_counts_and_records_once(
-    db: Any, receiver: Receiver, make_settings: Any
+    db: Any, receiver: Receiver, make_settings: Any, replies: list[Reply], statement: str
 ) -> None:
+    receiver.script("/orders", *replies)
     ids = await seed(db, 3)
     settings = make_settings()
     async with open_relay(settings) as relay:
         pool = LostReplyPool(relay.pool)
         processor = OutboxProcessor(pool, relay.publisher.deliver, settings)
         summary = await processor.execute()
-    assert pool.lost
-    assert (summary.processed, summary.stale, summary.unrecorded) == (3, 0, 0)
-    assert await statuses(db) == {"Processed": 3}
+    assert pool.lost == statement
+    assert (summary.processed + summary.retried, summary.stale, summary.unrecorded) == (3, 0, 0)
+    assert summary.retried == len(replies)
+    assert sum((await statuses(db)).values()) == 3
     history = await db.fetch("SELECT outbox_message_id, applied FROM outbox_attempts")
     assert sorted((r["outbox_message_id"], r["applied"]) for r in history) == sorted(
         (i, True) for i in ids
@@ -415,10 +481,12 @@ class FailingWritesPool:
         self.error = error or asyncpg.exceptions.DiskFullError("could not extend file")
 
     async def fetchrow(self, query: str, *args: Any) -> Any:
+        if is_outcome_write(query):
+            raise self.error
         return await self._pool.fetchrow(query, *args)
 
     async def fetch(self, query: str, *args: Any) -> Any:
-        if query == store.QUERIES["record_outcomes"]:
+        if is_outcome_write(query):
             raise self.error
         self.leases += query == store.QUERIES["lease_batch"]
         return await self._pool.fetch(query, *args)
@@ -478,7 +546,7 @@ async def test_a_batch_that_fails_outside_its_deliveries_is_logged_without_secre
         raise RuntimeError(f"a bug while deciding an outcome, near {SECRET}")
 
     # No input is known to get here; a bug would, and its text may quote a secret.
-    monkeypatch.setattr(OutboxProcessor, "_outcome", broken)
+    monkeypatch.setattr(OutboxProcessor, "_record_batch", broken)
     settings = make_settings()
     async with open_relay(settings) as relay:
         processor = OutboxProcessor(relay.pool, relay.publisher.deliver, settings)

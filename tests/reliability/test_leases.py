@@ -62,7 +62,7 @@ async def test_a_worker_frozen_past_its_lease_cannot_overwrite_the_newer_outcome
 
 
 def test_lease_and_outcome_statements_take_durations_never_timestamps() -> None:
-    for name in ("lease_batch", "record_outcomes"):
+    for name in ("lease_batch", "record_outcomes", "record_delivered"):
         statement = QUERIES[name]
         assert "now()" in statement
         assert not re.search(r"\$\d+::(timestamp|timestamptz|date)", statement)
