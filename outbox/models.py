@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 
@@ -20,9 +20,11 @@ class Status(enum.StrEnum):
     FAILED = "Failed"
 
 
-@dataclass(frozen=True, slots=True)
-class LeasedMessage:
-    """A row this worker holds under a lease, as returned by the lease statement."""
+class LeasedMessage(NamedTuple):
+    """A row this worker holds under a lease, as returned by the lease statement.
+
+    A named tuple (immutable, and the cheapest value to make: one per leased row) whose fields
+    are the lease statement's first columns, in order."""
 
     message_id: UUID
     event_type: str
@@ -40,20 +42,16 @@ class LeasedMessage:
     trace_context: str | None = None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> LeasedMessage:
-        state = row.get("endpoint_state")
-        return cls(
-            message_id=row["outbox_message_id"],
-            event_type=row["event_type"],
-            payload=row["payload"],
-            payload_bytes=row["payload_bytes"],
-            attempt=row["attempt_count"],
-            lease_token=row["lease_token"],
-            created_at=row["created_at"],
-            ordering_key=row["ordering_key"],
-            endpoint_state=EndpointState.parse_map(state) if state else None,
-            trace_context=row.get("trace_context"),
-        )
+    def from_row(cls, row: Sequence[Any]) -> LeasedMessage:
+        """The message of a row of the lease statement (its columns in the fields' order; the
+        endpoint state as JSON text)."""
+        message = cls._make(row[:_FIELDS])
+        if message.endpoint_state is None:
+            return message
+        return message._replace(endpoint_state=EndpointState.parse_map(row[8]))
+
+
+_FIELDS = len(LeasedMessage._fields)
 
 
 @dataclass(frozen=True, slots=True)

@@ -157,6 +157,9 @@ def claim_inbox(webhook_id: str) -> Statement:
     return Statement("claim_inbox", (webhook_id,))
 
 
+_LEASE_TOKEN = LeasedMessage._fields.index("lease_token")
+
+
 class Lease(NamedTuple):
     """What one lease statement did: the messages it leased, and how many due rows it parked
     behind their ordering key. Together they are at most the batch size; when they fill it,
@@ -192,7 +195,8 @@ async def lease_batch(
     rows = await conn.fetch(
         QUERIES["lease_batch"], batch_size, lease_seconds, hold_on_failure, max_payload_bytes
     )
-    leased = [LeasedMessage.from_row(row) for row in rows if row["lease_token"] is not None]
+    # A parked message's row has no columns but its id.
+    leased = [LeasedMessage.from_row(row) for row in rows if row[_LEASE_TOKEN] is not None]
     if not rows:
         return Lease(leased)
     first = rows[0]

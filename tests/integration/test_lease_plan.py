@@ -6,7 +6,9 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+from outbox.models import LeasedMessage
 from outbox.store import QUERIES
+from tests.support.outbox_helpers import seed
 
 DUE_INDEX = "outbox_messages_due_idx"
 
@@ -58,3 +60,29 @@ async def test_the_lease_reads_only_the_partial_index_among_many_finished_rows(d
     )
     leased = await db.fetch(QUERIES["lease_batch"], *LEASE_ARGUMENTS)
     assert {r["outbox_message_id"] for r in leased} == {r["outbox_message_id"] for r in oldest}
+
+
+async def test_the_lease_returns_a_leased_message_s_fields_first_and_in_order(db: Any) -> None:
+    # LeasedMessage is made from the row by position: the statement's columns must follow it.
+    [message_id] = await seed(db)
+    [row] = await db.fetch(QUERIES["lease_batch"], *LEASE_ARGUMENTS)
+    columns = list(row.keys())
+    assert columns[: len(LeasedMessage._fields)] == [
+        "outbox_message_id",
+        "event_type",
+        "payload",
+        "payload_bytes",
+        "attempt_count",
+        "lease_token",
+        "created_at",
+        "ordering_key",
+        "endpoint_state",
+        "trace_context",
+    ]
+    message = LeasedMessage.from_row(row)
+    assert (message.message_id, message.event_type, message.attempt) == (
+        message_id,
+        "OrderCompleted",
+        1,
+    )
+    assert message.lease_token == row["lease_token"]
