@@ -105,30 +105,38 @@ class Breakers:
         breaker.changed = time.monotonic()
         return claimed
 
-    async def observed(self, key: Key, unwell: bool | None, *, probe: bool) -> None:
-        """What a delivery to ``key`` came to: ``unwell`` (counts), answered, or never sent."""
+    def observed(self, key: Key, unwell: bool | None, *, probe: bool) -> Awaitable[None] | None:
+        """What a delivery to ``key`` came to: ``unwell`` (counts), answered, or never sent.
+        Returns what to await when the database must hear of it at once (the breaker closed, or
+        opened here), else None: the usual answer costs no database write and no coroutine."""
         if unwell is None:
             if probe:  # the probe was not even sent: another delivery may probe
                 self._touch(key).probing_here = False
-            return
+            return None
         breaker = self._touch(key)
         if probe:
             breaker.probing_here = False
         if not unwell:
             if breaker.failures or breaker.open_until is not None or probe:
                 self._known.pop(key, None)
-                await self._save(store.endpoint_recovered(self._pool, key))
-                log_event(logger, logging.INFO, "outbox.breaker", endpoint=key[1], state="closed")
-            return
+                return self._closed(key)
+            return None
         breaker.failures += 1
         breaker.unsaved += 1
         if probe or (breaker.open_until is None and breaker.failures >= THRESHOLD):
             # Open here at once; the database says for how long, and tells the others.
             breaker.open_until = time.monotonic() + COOL_DOWN_SECONDS[0]
-            await self._count(key, breaker, probe_failed=probe, announce=True)
+            return self._count(key, breaker, probe_failed=probe, announce=True)
+        return None
+
+    async def _closed(self, key: Key) -> None:
+        await self._save(store.endpoint_recovered(self._pool, key))
+        log_event(logger, logging.INFO, "outbox.breaker", endpoint=key[1], state="closed")
 
     def _touch(self, key: Key) -> _Breaker:
-        breaker = self._known.setdefault(key, _Breaker())
+        breaker = self._known.get(key)
+        if breaker is None:
+            breaker = self._known[key] = _Breaker()
         breaker.changed = time.monotonic()
         return breaker
 

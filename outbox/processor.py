@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from outbox import store
 from outbox.admission import Admission
@@ -78,24 +78,42 @@ class _Run:
     rule: StopRule
 
 
-@dataclass(eq=False)
+class _Target(NamedTuple):
+    """An endpoint of an event type, as every delivery to it needs it."""
+
+    endpoint: WebhookEndpoint
+    key: Key  # (event type, endpoint name)
+    timeout: float  # seconds one request to it may take
+
+
 class _Delivery:
     """One leased message to one of its endpoints, while the run delivers it."""
 
-    batch: _Batch
-    index: int  # the message's, in its batch
-    endpoint: WebhookEndpoint
-    number: int  # the endpoint's attempt number: 1 on its first delivery
-    # Its attempt, the exception that escaped it, or None (not finished).
-    attempt: Attempt | BaseException | None = None
-    # When its request started (wall clock, monotonic), or None (not started).
-    started: tuple[float, float] | None = None
-    queued: bool = True  # still waits for a delivery slot (counted by the admission)
-    probe: bool = False  # the one request that decides whether the endpoint's breaker closes
-    key: Key = field(init=False)  # (event type, endpoint name)
+    # One is made per message and endpoint: a plain class with slots is the cheapest to make.
+    __slots__ = (
+        "attempt",
+        "batch",
+        "endpoint",
+        "index",
+        "key",
+        "number",
+        "probe",
+        "queued",
+        "started",
+        "timeout",
+    )
 
-    def __post_init__(self) -> None:
-        self.key = (self.batch.messages[self.index].event_type, _name(self.endpoint))
+    def __init__(self, batch: _Batch, index: int, target: _Target, number: int) -> None:
+        self.batch = batch
+        self.index = index  # the message's, in its batch
+        self.endpoint, self.key, self.timeout = target
+        self.number = number  # the endpoint's attempt number: 1 on its first delivery
+        # Its attempt, the exception that escaped it, or None (not finished).
+        self.attempt: Attempt | BaseException | None = None
+        # When its request started (wall clock, monotonic), or None (not started).
+        self.started: tuple[float, float] | None = None
+        self.queued = True  # still waits for a delivery slot (counted by the admission)
+        self.probe = False  # the one request that decides whether the endpoint's breaker closes
 
     @property
     def message(self) -> LeasedMessage:
@@ -141,15 +159,19 @@ class _Dispatch:
 
     def put(self, delivery: _Delivery) -> None:
         key = delivery.key
-        queue = self._queues.setdefault(key, deque())
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = deque()
         if not queue:
             self._turn.append(key)
         queue.append(delivery)
         self._changed.set()
 
     def wake(self) -> None:
-        """An endpoint has room again."""
-        self._changed.set()
+        """An endpoint may have room again: loops waiting for one with room look again (none
+        need to while no delivery waits)."""
+        if self._turn:
+            self._changed.set()
 
     async def take(self) -> _Delivery:
         while True:
@@ -218,9 +240,16 @@ class OutboxProcessor:
         self._stopping = False
         self._endpoints = settings.endpoints
         self._endpoint_slots = _EndpointSlots()
-        for event_type, group in self._endpoints.items():
-            for endpoint in group:
-                self._endpoint_slots.limit((event_type, _name(endpoint)), endpoint.max_concurrency)
+        self._targets = {
+            event_type: tuple(
+                _Target(e, (event_type, _name(e)), e.timeout(settings.http_timeout_seconds))
+                for e in group
+            )
+            for event_type, group in self._endpoints.items()
+        }
+        for targets in self._targets.values():
+            for endpoint, key, _ in targets:
+                self._endpoint_slots.limit(key, endpoint.max_concurrency)
         self._breakers = Breakers(pool, self._other_endpoints)
         # Spans and metrics: the API's no-ops unless an OpenTelemetry SDK is configured.
         self._telemetry = telemetry or process_telemetry()
@@ -368,8 +397,8 @@ class OutboxProcessor:
     def _plan(self, batch: _Batch) -> None:
         """Each message's deliveries: one per endpoint of its event type still waiting for it."""
         for index, message in enumerate(batch.messages):
-            endpoints = self._endpoints.get(message.event_type)
-            if not endpoints:
+            targets = self._targets.get(message.event_type)
+            if not targets:
                 batch.deliveries.append(
                     Undeliverable(
                         f"no endpoint configured for event type {message.event_type!r} "
@@ -377,12 +406,17 @@ class OutboxProcessor:
                     )
                 )
                 continue
-            waiting = [
-                _Delivery(batch, index, endpoint, _next_attempt(message, _name(endpoint)))
-                for endpoint in endpoints
-                if _waits(message, _name(endpoint))
-            ]
-            batch.deliveries.append(waiting)
+            if message.endpoint_state is None:  # every endpoint tried at each lease so far
+                number = message.attempt
+                batch.deliveries.append([_Delivery(batch, index, t, number) for t in targets])
+                continue
+            batch.deliveries.append(
+                [
+                    _Delivery(batch, index, t, _next_attempt(message, t.key[1]))
+                    for t in targets
+                    if _waits(message, t.key[1])
+                ]
+            )
         batch.remaining = len(batch.all_deliveries())
         if not batch.remaining:
             batch.delivered.set_result(None)
@@ -473,42 +507,58 @@ class OutboxProcessor:
     async def _attempt_in_turn(self, delivery: _Delivery) -> Attempt:
         # Asked before waiting for a slot too: the slots are shared with the process's other
         # runs, and a delivery this run will not make must not wait behind their requests.
-        if held := await self._held(delivery, time.monotonic()):
+        held = self._not_sent(delivery, time.monotonic())
+        if held is None and self._breakers.verdict(delivery.key) != SEND:
+            held = await self._held_by_breaker(delivery)
+        if held is not None:
             self._leave(delivery)
             return Attempt(held, time.time(), 0)
         async with self._slots:
             self._leave(delivery)
-            now = time.time()
-            started = time.monotonic()
+            now, started = time.time(), time.monotonic()
             if reason := self._not_sent_because(delivery, started):
                 return Attempt(NotAttempted(reason), now, 0)
             delivery.started = (now, started)
-            message, (event_type, name) = delivery.message, delivery.key
-            with self._telemetry.delivery(
-                message_id=str(message.message_id),
-                event_type=event_type,
-                endpoint=name,
-                url=delivery.endpoint.url,
-                attempt=delivery.number,
-                stored=message.trace_context,
-            ) as span:
-                result = await self._deliver(message, delivery.endpoint)
-                took = time.monotonic() - started
+            telemetry = self._telemetry
+            if telemetry.tracing or telemetry.metering:
+                result, took, trace = await self._deliver_traced(delivery, started)
+            else:  # no SDK: no span to start, nothing to count
+                result = await self._deliver(delivery.message, delivery.endpoint)
+                took, trace = time.monotonic() - started, None
                 self._admission.finished(took)
-                if self._telemetry.observing(span):
-                    self._telemetry.delivered(
-                        span,
-                        result,
-                        event_type=event_type,
-                        endpoint=name,
-                        outcome=self._outcome_label(result, delivery),
-                        seconds=took,
-                        created_at=message.created_at,
-                        now=self.clock.now(),
-                    )
-            trace = span_ids(span.get_span_context())
-        await self._breakers.observed(delivery.key, unwell(result), probe=delivery.probe)
+        observed = self._breakers.observed(delivery.key, unwell(result), probe=delivery.probe)
+        if observed is not None:
+            await observed
         return Attempt(result, now, round(took * 1000), trace)
+
+    async def _deliver_traced(
+        self, delivery: _Delivery, started: float
+    ) -> tuple[DeliveryResult, float, tuple[str, str] | None]:
+        """The delivery in its span, and counted: its result, how long it took and its span."""
+        message, (event_type, name) = delivery.message, delivery.key
+        with self._telemetry.delivery(
+            message_id=str(message.message_id),
+            event_type=event_type,
+            endpoint=name,
+            url=delivery.endpoint.url,
+            attempt=delivery.number,
+            stored=message.trace_context,
+        ) as span:
+            result = await self._deliver(message, delivery.endpoint)
+            took = time.monotonic() - started
+            self._admission.finished(took)
+            if self._telemetry.observing(span):
+                self._telemetry.delivered(
+                    span,
+                    result,
+                    event_type=event_type,
+                    endpoint=name,
+                    outcome=self._outcome_label(result, delivery),
+                    seconds=took,
+                    created_at=message.created_at,
+                    now=self.clock.now(),
+                )
+        return result, took, span_ids(span.get_span_context())
 
     def _outcome_label(self, result: DeliveryResult, delivery: _Delivery) -> str:
         """What ``result`` comes to for its endpoint (Processed, Pending, Failed), for telemetry;
@@ -522,18 +572,21 @@ class OutboxProcessor:
             return str(Status.PENDING)
         return str(outcome.status)
 
-    async def _held(self, delivery: _Delivery, at: float) -> NotAttempted | None:
-        """Why ``delivery`` is not made now (and when it may be), if it is not."""
+    def _not_sent(self, delivery: _Delivery, at: float) -> NotAttempted | None:
         if reason := self._not_sent_because(delivery, at):
             return NotAttempted(reason)
+        return None
+
+    async def _held_by_breaker(self, delivery: _Delivery) -> NotAttempted | None:
+        """Why ``delivery`` waits for its endpoint's breaker (and for how long), if it does: it
+        is open, or another delivery probes it; None when this one is the probe."""
         verdict = self._breakers.verdict(delivery.key)
         if verdict == SEND:
             return None
-        timeout = delivery.endpoint.timeout(self._settings.http_timeout_seconds)
-        if verdict == PROBE and await self._breakers.claim_probe(delivery.key, timeout):
+        if verdict == PROBE and await self._breakers.claim_probe(delivery.key, delivery.timeout):
             delivery.probe = True
             return None
-        wait = timeout if isinstance(verdict, str) else verdict
+        wait = delivery.timeout if isinstance(verdict, str) else verdict
         return NotAttempted("endpoint's circuit breaker open", retry_in=wait)
 
     def _leave(self, delivery: _Delivery) -> None:
@@ -552,8 +605,7 @@ class OutboxProcessor:
         if at >= batch.run.deadline:
             # A run ends at most one HTTP timeout after its budget, whatever the lease.
             return "run budget spent"
-        timeout = delivery.endpoint.timeout(self._settings.http_timeout_seconds)
-        if batch.lease_deadline - at < timeout + LEASE_SAFETY_SECONDS:
+        if batch.lease_deadline - at < delivery.timeout + LEASE_SAFETY_SECONDS:
             return "lease too short to finish a delivery"
         return None
 
