@@ -113,9 +113,9 @@ class NotAttempted:
 DeliveryResult = Response | TransportError | Undeliverable | NotAttempted
 
 
-@dataclass(frozen=True, slots=True)
-class Attempt:
-    """One delivery attempt as the worker saw it: the result and when it ran (worker clock)."""
+class Attempt(NamedTuple):
+    """One delivery attempt as the worker saw it: the result and when it ran (worker clock).
+    A named tuple: one is made per delivery."""
 
     result: DeliveryResult
     started_epoch: float  # seconds since the epoch

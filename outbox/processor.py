@@ -16,12 +16,12 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, NamedTuple, TypeVar
 
 from outbox import store
-from outbox.admission import Admission
+from outbox.admission import Admission, Slots
 from outbox.breakers import PROBE, SEND, Breakers, Key
 from outbox.clock import DatabaseClock
 from outbox.errors import DatabaseError, describe
@@ -173,15 +173,21 @@ class _Dispatch:
         if self._turn:
             self._changed.set()
 
+    def take_now(self) -> _Delivery | None:
+        """The next delivery whose endpoint has room, if one waits."""
+        for _ in range(len(self._turn)):
+            key = self._turn[0]
+            self._turn.rotate(-1)
+            if self._has_room(key):
+                return self._pop(key)
+        return None
+
     async def take(self) -> _Delivery:
-        while True:
-            for _ in range(len(self._turn)):
-                key = self._turn[0]
-                self._turn.rotate(-1)
-                if self._has_room(key):
-                    return self._pop(key)
+        """The next delivery whose endpoint has room, once there is one."""
+        while (delivery := self.take_now()) is None:
             self._changed.clear()
             await self._changed.wait()
+        return delivery
 
     def _pop(self, key: Key) -> _Delivery:
         queue = self._queues[key]
@@ -234,7 +240,7 @@ class OutboxProcessor:
         # Set at each lease, read by the publisher (webhook-timestamp) and for Retry-After dates.
         self.clock = clock or DatabaseClock()
         self._redact = redact or Redactor.from_settings(settings)
-        self._slots = asyncio.Semaphore(settings.concurrency)
+        self._slots = Slots(settings.concurrency)
         self._admission = Admission(settings.concurrency)
         self._hold = settings.ordering_on_failure == "hold"
         self._stopping = False
@@ -455,7 +461,7 @@ class OutboxProcessor:
     async def _deliver_loop(self, work: _Dispatch) -> None:
         """One of the run's delivery loops: deliveries one at a time, endpoint by endpoint."""
         while True:
-            delivery = await work.take()
+            delivery = work.take_now() or await work.take()
             attempt: Attempt | BaseException | None = None
             try:
                 attempt = await self._attempt(delivery)
@@ -513,10 +519,14 @@ class OutboxProcessor:
         if held is not None:
             self._leave(delivery)
             return Attempt(held, time.time(), 0)
-        async with self._slots:
+        waited = not self._slots.take_now()
+        if waited:
+            await self._slots.take()
+        try:
             self._leave(delivery)
             now, started = time.time(), time.monotonic()
-            if reason := self._not_sent_because(delivery, started):
+            # Asked again after waiting for the slot: time has passed.
+            if waited and (reason := self._not_sent_because(delivery, started)):
                 return Attempt(NotAttempted(reason), now, 0)
             delivery.started = (now, started)
             telemetry = self._telemetry
@@ -526,6 +536,8 @@ class OutboxProcessor:
                 result = await self._deliver(delivery.message, delivery.endpoint)
                 took, trace = time.monotonic() - started, None
                 self._admission.finished(took)
+        finally:
+            self._slots.give_back()
         observed = self._breakers.observed(delivery.key, unwell(result), probe=delivery.probe)
         if observed is not None:
             await observed
@@ -628,7 +640,7 @@ class OutboxProcessor:
         try:
             outcome = self._classify(attempt, delivery.number, final, now)
         except Exception as exc:  # noqa: BLE001 - an answer nobody foresaw must not cost the batch
-            attempt = replace(attempt, result=self._unexpected(exc))
+            attempt = attempt._replace(result=self._unexpected(exc))
             outcome = self._classify(attempt, delivery.number, final, now)
         return Delivered(_name(delivery.endpoint), delivery.number, attempt, outcome)
 

@@ -54,13 +54,20 @@ EndpointKey = tuple[str, str]  # (event type, endpoint name)
 
 
 class _Prepared:
-    """What every request to one endpoint shares: URL, signer, extra headers, timeout."""
+    """What every request to one endpoint shares: session, URL, signer, extra headers, timeout."""
 
-    def __init__(self, endpoint: WebhookEndpoint, default_timeout: float) -> None:
+    def __init__(
+        self, endpoint: WebhookEndpoint, default_timeout: float, session: aiohttp.ClientSession
+    ) -> None:
+        self.session = session
         self.url = endpoint.url
         self.signer = Signer(endpoint.signing_keys)
         self.headers = {name: value.get_secret_value() for name, value in endpoint.headers.items()}
         self.timeout = aiohttp.ClientTimeout(total=endpoint.timeout(default_timeout))
+
+
+# A 2xx answer carries nothing but its status: one value per status, made once.
+_SUCCESSES = {status: Response(status) for status in range(200, 300)}
 
 
 def _name(endpoint: WebhookEndpoint) -> str:
@@ -133,11 +140,11 @@ class Publisher(Closeable):
         self._clock = clock
         self._sessions = sessions
         # Prepared once: the secrets and headers do not change while the process runs.
-        self._prepared = {
-            (event_type, _name(endpoint)): _Prepared(endpoint, timeout_seconds)
-            for event_type, group in endpoints.items()
-            for endpoint in group
-        }
+        self._prepared: dict[EndpointKey, _Prepared] = {}
+        for event_type, group in endpoints.items():
+            for endpoint in group:
+                key = (event_type, _name(endpoint))
+                self._prepared[key] = _Prepared(endpoint, timeout_seconds, sessions[key])
         self._max_payload_bytes = max_payload_bytes
         self._redact = redact
 
@@ -184,15 +191,14 @@ class Publisher(Closeable):
         payload = self.sendable(message)
         if isinstance(payload, Undeliverable):
             return payload
-        key = (message.event_type, _name(endpoint))
-        prepared = self._prepared[key]
+        prepared = self._prepared[message.event_type, _name(endpoint)]
         body = build_body(message, payload)
         headers = prepared.headers | build_headers(
             prepared.signer, str(message.message_id), body, self._clock()
         )
         propagate(headers, message.trace_context)  # traceparent (and tracestate)
         try:
-            return await self._post(self._sessions[key], prepared, body, headers)
+            return await self._post(prepared, body, headers)
         except TimeoutError:
             return TransportError(f"timed out after {prepared.timeout.total:g}s", "TimeoutError")
         except aiohttp.ClientResponseError as exc:
@@ -204,14 +210,8 @@ class Publisher(Closeable):
             name = type(exc).__name__
             return TransportError(self._redact(f"{name}: {exc}"), name)
 
-    async def _post(
-        self,
-        session: aiohttp.ClientSession,
-        prepared: _Prepared,
-        body: bytes,
-        headers: dict[str, str],
-    ) -> Response:
-        async with session.post(
+    async def _post(self, prepared: _Prepared, body: bytes, headers: dict[str, str]) -> Response:
+        async with prepared.session.post(
             prepared.url,
             data=body,
             headers=headers,
@@ -224,7 +224,7 @@ class Publisher(Closeable):
                 response.close()
             if 200 <= response.status < 300:
                 # Only an error's body is ever shown (in last_error); skip decoding and redacting.
-                return Response(status=response.status)
+                return _SUCCESSES[response.status]
             return Response(
                 status=response.status,
                 retry_after=response.headers.get("retry-after"),
