@@ -11,8 +11,10 @@ lease's last start time, less what already waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
+from collections import deque
 
 # Bounds for the pace of requests that admission assumes, and for one wait for room.
 MIN_PACE_SECONDS = 0.001
@@ -56,3 +58,45 @@ class Admission:
         """Let some of what waits start (about one request's time), at most ``until``."""
         pause = min(max(self.pace or 0.0, MIN_PACE_SECONDS), MAX_ROOM_WAIT_SECONDS)
         await asyncio.sleep(max(0.0, min(pause, until - time.monotonic())))
+
+
+class Slots:
+    """The process's delivery slots (``OUTBOX_CONCURRENCY`` requests at once), shared by its
+    runs: a semaphore whose free slot is taken without a coroutine (``take_now``), first come
+    first served."""
+
+    def __init__(self, count: int) -> None:
+        self._free = count
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    def take_now(self) -> bool:
+        """Take a slot if one is free and nobody waits for one."""
+        if self._free and not self._waiters:
+            self._free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        """Take a slot, waiting for one in turn."""
+        if self.take_now():
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.cancelled():
+                with contextlib.suppress(ValueError):  # unless a give_back passed over it
+                    self._waiters.remove(waiter)
+            else:  # handed a slot as it was cancelled: the next in turn gets it
+                self.give_back()
+            raise
+
+    def give_back(self) -> None:
+        """Give a slot back: to the first waiter, else to the free ones."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
