@@ -11,7 +11,9 @@ Figures, each repeated and reported as a median:
 - isolation: 200 messages for a healthy endpoint behind 1,000 for one that never answers;
 - scaleout: a 100k backlog drained by one relay, then by 8 racing: the database's WAL and CPU per
   message, and the slowest lease;
-- fanout: the database's cost per delivery with two endpoints per event type against one.
+- fanout: the database's cost per delivery with two endpoints per event type against one;
+- instructions: instructions per message of the raw client, the floor and the relay (valgrind),
+  which do not move with the machine's load as CPU seconds do.
 
 Throughput, scale-out and fan-out read WAL and PostgreSQL CPU on a private embedded server.
 
@@ -26,10 +28,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import dbcost, isolation, latency, memory, report, scale, throughput
+from bench import dbcost, instructions, isolation, latency, memory, report, scale, throughput
 from bench.common import ReceiverProcess, admin_dsn, log
 
-PHASES = ("throughput", "latency", "scale", "memory", "isolation", "scaleout", "fanout")
+PHASES = (
+    "throughput",
+    "latency",
+    "scale",
+    "memory",
+    "isolation",
+    "scaleout",
+    "fanout",
+    "instructions",
+)
 SMOKE = {
     "messages": 500,
     "rounds": 1,
@@ -53,6 +64,8 @@ SMOKE = {
     "scaleout_runs": 1,
     "fanout_messages": 500,
     "fanout_runs": 1,
+    "instructions_small": 50,
+    "instructions_large": 150,
 }
 
 
@@ -86,6 +99,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--scaleout-runs", type=int, default=3)
     add("--fanout-messages", type=int, default=20_000)
     add("--fanout-runs", type=int, default=3)
+    add("--instructions-small", type=int, default=1_000, help="the smaller drain under valgrind")
+    add("--instructions-large", type=int, default=5_000, help="the larger drain under valgrind")
     add("--skip", default="", help=f"comma-separated phases to skip: {', '.join(PHASES)}")
     add("--output-json", type=Path, help="write the results here")
     add("--plot", type=Path, help="write the PNG plot here")
@@ -151,6 +166,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 messages=args.fanout_messages,
                 runs=args.fanout_runs,
                 concurrency=args.concurrency,
+            )
+        if "instructions" not in skip:
+            results["instructions"] = await instructions.measure(
+                receiver, small=args.instructions_small, large=args.instructions_large
             )
     if "scale" not in skip:
         results["scale"] = await scale.measure(

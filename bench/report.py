@@ -276,13 +276,14 @@ def write_json(path: Path, doc: dict[str, Any]) -> None:
 
 
 def plot(path: Path, doc: dict[str, Any]) -> None:
-    """One PNG: throughput, latency percentiles, lease time by table size, peak RSS."""
+    """One PNG: throughput, latency percentiles, lease time by table size, peak RSS, every
+    judged ratio against its target, and the processes' own cost per message."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8.5))
+    fig, axes = plt.subplots(3, 2, figsize=(12, 13))
     fig.suptitle(
         f"outbox-relay benchmark, {doc['date'][:10]}, {doc['machine']['cores']} cores "
         f"(medians; dots are single runs)"
@@ -291,6 +292,8 @@ def plot(path: Path, doc: dict[str, Any]) -> None:
     _plot_latency(axes[0][1], doc)
     _plot_scale(axes[1][0], doc)
     _plot_memory(axes[1][1], doc)
+    _plot_targets(axes[2][0], doc)
+    _plot_process_cost(axes[2][1], doc)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -304,7 +307,9 @@ def _plot_throughput(ax: Any, doc: dict[str, Any]) -> None:
         return
     rates = doc["throughput"]["median_rate"]
     names = list(rates)
-    bars = ax.bar([LABELS.get(n, n) for n in names], [rates[n] for n in names], color="#4c78a8")
+    labels = [LABELS.get(n, n).replace(", ", ",\n") for n in names]
+    bars = ax.bar(labels, [rates[n] for n in names], color="#4c78a8")
+    ax.tick_params(axis="x", labelsize=8)
     for i, name in enumerate(names):
         points = [r["rate"] for r in doc["throughput"]["runs"] if r["contender"] == name]
         ax.scatter([i] * len(points), points, color="black", s=10, zorder=3)
@@ -339,6 +344,70 @@ def _plot_scale(ax: Any, doc: dict[str, Any]) -> None:
         ax.scatter([i] * len(size["lease_ms_runs"]), size["lease_ms_runs"], color="black", s=6)
     ax.bar_label(bars, fmt="%.2f ms")
     ax.set_ylabel("ms per statement")
+
+
+# Short names of the judged figures, for the plot.
+SHORT = {
+    "relay_vs_pgqueuer": "throughput ÷ pgqueuer",
+    "relay_vs_untraced": "throughput ÷ without telemetry",
+    "worker_cpu_relay_vs_raw": "own CPU/msg ÷ raw client",
+    "wal_delivered_relay_vs_pgqueuer": "WAL/delivered ÷ pgqueuer",
+    "wal_enqueued_relay_vs_pgqueuer": "WAL/enqueued ÷ pgqueuer",
+    "postgres_cpu_relay_vs_pgqueuer": "PostgreSQL CPU/msg ÷ pgqueuer",
+    "scaleout_wal_ratio": "8 relays ÷ 1: WAL/msg",
+    "scaleout_postgres_cpu_ratio": "8 relays ÷ 1: PostgreSQL CPU/msg",
+    "scaleout_slowest_lease_ratio": "8 relays: slowest lease ÷ 1's median",
+    "fanout_wal_per_delivery_ratio": "2 endpoints ÷ 1: WAL/delivery",
+    "fanout_postgres_cpu_per_delivery_ratio": "2 endpoints ÷ 1: PG CPU/delivery",
+    "lease_large_vs_small": "lease, 1M ÷ 10k rows",
+    "lease_held_vs_none": "lease, held keys ÷ none",
+    "relay_peak_rss_mb": "peak RSS (MB)",
+    "healthy_behind_dead_seconds": "healthy behind dead (s)",
+}
+
+
+def _plot_targets(ax: Any, doc: dict[str, Any]) -> None:
+    """Every judged figure as a share of its target: at most 1 for an upper bound, at least 1
+    for a lower bound (the value itself is written beside its bar)."""
+    verdicts = [(k, v) for k, v in doc.get("targets", {}).items() if k in SHORT]
+    if not verdicts:
+        ax.set_axis_off()
+        return
+    ax.set_title("each judged figure ÷ its target (green: met)")
+    names = [SHORT[k] for k, _ in verdicts]
+    shares = [v["value"] / TARGETS[k] for k, v in verdicts]
+    colors = ["#54a24b" if v["met"] else "#e45756" for _, v in verdicts]
+    bars = ax.barh(names, shares, color=colors)
+    ax.bar_label(bars, labels=[f"{v['value']:g} ({v['target']})" for _, v in verdicts], fontsize=7)
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.invert_yaxis()
+    ax.tick_params(axis="y", labelsize=7)
+    ax.set_xlim(0, max([*shares, 1.0]) * 1.6)
+
+
+def _plot_process_cost(ax: Any, doc: dict[str, Any]) -> None:
+    """The contender process's own cost per message against the raw client's: CPU seconds (as
+    measured beside PostgreSQL and the receiver) and instructions (valgrind)."""
+    cpu = doc.get("throughput", {}).get("database", {}).get("per_contender", {})
+    counted = doc.get("instructions", {}).get("per_message", {})
+    if not (cpu.get("raw") and cpu.get("relay")) and not counted.get("raw"):
+        ax.set_axis_off()
+        return
+    ax.set_title("own cost per message ÷ the raw client's")
+    groups: list[tuple[str, float]] = []
+    if cpu.get("raw") and cpu.get("relay"):
+        raw = cpu["raw"]["worker_cpu_us_per_message"]
+        if raw:
+            groups.append(("relay\nCPU seconds", cpu["relay"]["worker_cpu_us_per_message"] / raw))
+    if counted.get("raw"):
+        for name in ("floor", "relay"):
+            if name in counted:
+                groups.append((f"{name}\ninstructions", counted[name] / counted["raw"]))
+    bars = ax.bar([g for g, _ in groups], [v for _, v in groups], color="#72b7b2")
+    ax.bar_label(bars, fmt="%.2f")
+    ax.axhline(TARGETS["worker_cpu_relay_vs_raw"], color="red", linestyle="--", label="target")
+    ax.tick_params(axis="x", labelsize=8)
+    ax.legend()
 
 
 def _plot_memory(ax: Any, doc: dict[str, Any]) -> None:

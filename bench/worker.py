@@ -27,8 +27,9 @@ from opentelemetry.trace import INVALID_SPAN, Span
 
 from bench.common import EVENT_TYPE, SECRET, body, relay_settings
 from outbox import store
+from outbox.models import LeasedMessage
 from outbox.outcomes import classify
-from outbox.publisher import Publisher, build_headers, make_session
+from outbox.publisher import Publisher, build_body, build_headers, make_session
 from outbox.runtime import Relay
 from outbox.settings import decode_secret
 from outbox.signing import Signer
@@ -89,6 +90,8 @@ async def run_raw(args: argparse.Namespace) -> dict[str, Any]:
     )
     # Building the requests happens before the clock: its CPU is not the ceiling's either.
     setup_cpu = sum(cpu_seconds()) - setup_started
+    if args.build_only:  # only what is taken off the count (bench.instructions)
+        return {"wall_seconds": 0.0, "setup_cpu_seconds": setup_cpu}
 
     async def loop(session: aiohttp.ClientSession) -> None:
         for data, headers in requests:
@@ -209,6 +212,51 @@ async def run_seed(args: argparse.Namespace) -> dict[str, Any]:
     return {"wall_seconds": wall, "delivered": delivered}
 
 
+async def run_floor(args: argparse.Namespace) -> dict[str, Any]:
+    """What any relay of this design must do per message, and nothing more: lease a batch, build
+    and sign each message's request and POST it (``concurrency`` in flight), record the batch's
+    outcomes in one statement. No dispatch, admission, breakers, fencing checks, logs or
+    telemetry: the floor under the relay process's own CPU."""
+    settings = relay_settings(args.database_url, args.url, args.concurrency)
+    pool = await store.create_pool(settings)
+    signer = Signer([decode_secret(SECRET)])
+    [endpoint] = settings.endpoints[EVENT_TYPE]
+    name = endpoint.name or EVENT_TYPE
+    delivered = 0
+    async with make_session(settings) as session:
+
+        async def post(message: LeasedMessage) -> store.SentAttempt:
+            assert message.payload is not None
+            data = build_body(message, message.payload)
+            headers = build_headers(signer, str(message.message_id), data)
+            started, clock = time.time(), time.monotonic()
+            async with session.post(args.url, data=data, headers=headers) as response:
+                await response.read()
+            took = round((time.monotonic() - clock) * 1000)
+            return store.SentAttempt(
+                message.message_id, name, message.attempt, started, took, response.status
+            )
+
+        async def loop(messages: Iterator[LeasedMessage], sent: list[store.SentAttempt]) -> None:
+            for message in messages:
+                sent.append(await post(message))
+
+        try:
+            started = time.monotonic()
+            while batch := (await store.lease_batch(pool, 100, settings.lease_seconds)).messages:
+                sent: list[store.SentAttempt] = []
+                queue = iter(batch)
+                await asyncio.gather(*(loop(queue, sent) for _ in range(args.concurrency)))
+                order = {m.message_id: i for i, m in enumerate(batch)}
+                sent.sort(key=lambda a: order[a.outbox_message_id])
+                await store.record_delivered(pool, batch, sent)
+                delivered += len(batch)
+            wall = time.monotonic() - started
+        finally:
+            await pool.close()
+    return {"wall_seconds": wall, "delivered": delivered}
+
+
 async def run_pgqueuer(args: argparse.Namespace) -> dict[str, Any]:
     """One pgqueuer QueueManager in drain mode; its entrypoint POSTs the job's payload."""
     import asyncpg
@@ -302,6 +350,7 @@ RUNNERS: dict[str, Callable[[argparse.Namespace], Awaitable[dict[str, Any]]]] = 
     "relay": run_relay,
     "pgqueuer": run_pgqueuer,
     "seed": run_seed,
+    "floor": run_floor,
     "untraced": run_untraced,
     "hints": run_hints,
 }
@@ -341,6 +390,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--endpoints", type=int, default=1, help="relay: endpoints per type")
     parser.add_argument("--shared", action="store_true", help="relay: one of several racing")
     parser.add_argument("--lease-times", action="store_true", help="relay: time each lease")
+    parser.add_argument("--build-only", action="store_true", help="raw: build requests, no POST")
     args = parser.parse_args(argv)
     cpu_at_start = cpu_seconds()
     with profiler(args.profile):

@@ -1,0 +1,106 @@
+"""Instructions per message: each contender's own work, counted by valgrind, whatever the machine.
+
+CPU seconds per message move with everything else the machine runs. On two shared cores the
+relay's process runs while PostgreSQL and the receiver run beside it and share the cores' caches
+with it; the raw client runs beside the receiver only. The instructions a process executes do
+not move: the same code, inputs and environment give the same count, whatever else runs.
+
+Each contender drains ``small`` and then ``large`` messages under ``valgrind --tool=cachegrind``
+(its own process only); instructions per message are the difference over ``large - small``, so
+start-up and imports cancel out. The raw client builds and signs its requests before its clock
+starts: the same difference for runs that only build them is taken off. Contenders: the raw
+client, the floor (``bench.worker floor``: lease, build, sign, POST and record, nothing else)
+and the relay. Skipped where valgrind is not installed.
+
+valgrind's CPU model hides the processor's SHA instructions, so the signature (which the relay and
+the floor compute inside their count, the raw client outside) weighs more here than natively.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.common import ROOT, Database, ReceiverProcess, enqueue_outbox, log, settle
+
+CONTENDERS = ("raw", "floor", "relay")
+_TOTAL = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
+
+
+def valgrind() -> str | None:
+    return shutil.which("valgrind")
+
+
+def count(command: list[str]) -> int:
+    """Instructions the command's process executes (cachegrind, no cache simulation)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "cachegrind.out"
+        done = subprocess.run(
+            [
+                valgrind() or "valgrind",
+                "--tool=cachegrind",
+                "--cache-sim=no",
+                f"--cachegrind-out-file={out}",
+                *command,
+            ],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"valgrind run failed:\n{done.stderr[-4000:]}")
+        found = _TOTAL.search(out.read_text())
+    if found is None:
+        raise RuntimeError("cachegrind wrote no instruction count")
+    return int(found.group(1))
+
+
+async def run_once(receiver: ReceiverProcess, contender: str, messages: int) -> int:
+    """Instructions of one drain of ``messages`` (its requests only, for ``raw --build-only``)."""
+    await receiver.reset()
+    worker = [sys.executable, "-m", "bench.worker", "--url", receiver.url()]
+    if contender in ("raw", "raw-build"):
+        command = [*worker, "raw", "--messages", str(messages)]
+        return count([*command, "--build-only"] if contender == "raw-build" else command)
+    async with Database("instructions") as db:
+        await db.migrate()
+        conn = await db.connect()
+        try:
+            await enqueue_outbox(conn, messages)
+            await settle(conn)
+        finally:
+            await conn.close()
+        command = [*worker, contender, "--messages", str(messages), "--database-url", db.url]
+        total = count(command)
+    stats = await receiver.stats()
+    if stats.distinct != messages:
+        raise AssertionError(f"{contender}: receiver saw {stats.distinct} of {messages} messages")
+    return total
+
+
+async def measure(receiver: ReceiverProcess, *, small: int, large: int) -> dict[str, Any]:
+    if valgrind() is None:
+        log("instructions: skipped, valgrind is not installed")
+        return {"skipped": "valgrind is not installed"}
+    per_message: dict[str, float] = {}
+    for contender in (*CONTENDERS, "raw-build"):
+        low = await run_once(receiver, contender, small)
+        high = await run_once(receiver, contender, large)
+        per_message[contender] = (high - low) / (large - small)
+        log(f"instructions: {contender} {per_message[contender]:,.0f} per message")
+    per_message["raw"] -= per_message.pop("raw-build")
+    raw = per_message["raw"]
+    return {
+        "small": small,
+        "large": large,
+        "per_message": {c: round(n) for c, n in per_message.items()},
+        "relay_vs_raw": round(per_message["relay"] / raw, 3),
+        "floor_vs_raw": round(per_message["floor"] / raw, 3),
+        "relay_vs_floor": round(per_message["relay"] / per_message["floor"], 3),
+    }
