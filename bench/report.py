@@ -483,6 +483,14 @@ def table(doc: dict[str, Any]) -> str:
         lines.append(
             f"| one process's bound (one core ÷ its own CPU per message) | {'; '.join(parts)} | |"
         )
+    counted = doc.get("instructions", {})
+    if "per_message" in counted:
+        n = counted["per_message"]
+        lines.append(
+            f"| instructions per message (valgrind): raw / floor / relay | "
+            f"{n['raw']:,} / {n['floor']:,} / {n['relay']:,} (relay ÷ raw "
+            f"{counted['relay_vs_raw']:g}, floor ÷ raw {counted['floor_vs_raw']:g}) | |"
+        )
     if "latency" in doc:
         m = doc["latency"]["median"]
         swept = doc["latency"].get("swept", 0)
