@@ -23,14 +23,15 @@ from typing import Any
 
 from bench.common import Database, log, median
 from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES
-from outbox.store import QUERIES
+from outbox.store import lease_statement
 
 DUE_INDEX = "outbox_messages_due_idx"
 BATCH_SIZE = 100
 LEASE_SECONDS = 60.0
-# The lease statement's parameters as the processor binds them by default: batch size, lease,
-# a Failed message holds its ordering key, the payload size limit.
-LEASE_ARGUMENTS = (BATCH_SIZE, LEASE_SECONDS, True, DEFAULT_MAX_PAYLOAD_BYTES)
+# The lease statement as the processor runs it by default (its batch size written in), and its
+# parameters: lease, a Failed message holds its ordering key, the payload size limit.
+LEASE = lease_statement(BATCH_SIZE)
+LEASE_ARGUMENTS = (LEASE_SECONDS, True, DEFAULT_MAX_PAYLOAD_BYTES)
 
 FILL = """
 INSERT INTO outbox_messages (outbox_message_id, event_type, payload, status, attempt_count,
@@ -72,7 +73,7 @@ async def explain(conn: Any, *, analyze: bool = False) -> list[dict[str, Any]]:
     await tx.start()
     try:
         text = await conn.fetchval(
-            f"EXPLAIN ({options}) {QUERIES['lease_batch']}", *LEASE_ARGUMENTS
+            f"EXPLAIN ({options}) {LEASE}", *LEASE_ARGUMENTS
         )
     finally:
         await tx.rollback()
@@ -88,7 +89,7 @@ async def time_lease(conn: Any, repeats: int) -> list[float]:
         await tx.start()
         try:
             started = time.perf_counter()
-            rows = await conn.fetch(QUERIES["lease_batch"], *LEASE_ARGUMENTS)
+            rows = await conn.fetch(LEASE, *LEASE_ARGUMENTS)
             timings.append(1000 * (time.perf_counter() - started))
         finally:
             await tx.rollback()
@@ -188,7 +189,7 @@ async def time_parking(conn: Any, keys: int, behind: int) -> dict[str, Any]:
     await conn.execute(SET_ASIDE, 1)
     await conn.execute("ANALYZE outbox_messages")
     leases, started = 0, time.perf_counter()
-    while await conn.fetch(QUERIES["lease_batch"], *LEASE_ARGUMENTS):
+    while await conn.fetch(LEASE, *LEASE_ARGUMENTS):
         leases += 1
     seconds = time.perf_counter() - started
     await conn.execute(SET_ASIDE, -1)

@@ -383,6 +383,7 @@ class OutboxProcessor:
                 self._settings.lease_seconds,
                 hold_on_failure=self._hold,
                 max_payload_bytes=self._settings.max_payload_bytes,
+                usual_size=self._settings.batch_size,
             )
             leased = len(lease.messages)
             if lease.database_now is not None:

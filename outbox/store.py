@@ -177,6 +177,21 @@ class Lease(NamedTuple):
         return len(self.messages) + self.parked
 
 
+@functools.lru_cache(maxsize=8)
+def lease_statement(batch_size: int) -> str:
+    """``lease_batch`` with its batch size written in (``LIMIT 100``) instead of bound as ``$4``.
+
+    No parameter then changes its plan, so the server plans it once per connection and keeps the
+    plan. With ``LIMIT $4`` it was planned again at every lease: a plan made for any limit
+    guesses that a tenth of the due rows are wanted, which the plan cache judges dearer than a
+    plan for the actual limit; that planning was about a twelfth of the server's CPU per message.
+    """
+    statement = QUERIES["lease_batch"]
+    if statement.count("LIMIT $4") != 1:
+        raise ValueError("lease_batch no longer takes its batch size as LIMIT $4")
+    return statement.replace("LIMIT $4", f"LIMIT {int(batch_size)}")
+
+
 @database_boundary
 async def lease_batch(
     conn: Connection,
@@ -185,16 +200,21 @@ async def lease_batch(
     *,
     hold_on_failure: bool = True,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+    usual_size: int | None = None,
 ) -> Lease:
     """Claim up to ``batch_size`` due rows for ``lease_seconds``.
 
     ``hold_on_failure``: a Failed message keeps later ones with its ordering key waiting.
     Payloads above ``max_payload_bytes`` are not fetched (``payload`` is None; the size is kept).
     A lease whose ``taken`` is ``batch_size`` may have left more due, even if it leased fewer.
+    ``usual_size``: the size most leases ask for (the batch size setting); a lease of that size
+    runs ``lease_statement(batch_size)``, which the server plans once per connection.
     """
-    rows = await conn.fetch(
-        QUERIES["lease_batch"], batch_size, lease_seconds, hold_on_failure, max_payload_bytes
-    )
+    arguments = (lease_seconds, hold_on_failure, max_payload_bytes)
+    if batch_size == usual_size:
+        rows = await conn.fetch(lease_statement(batch_size), *arguments)
+    else:
+        rows = await conn.fetch(QUERIES["lease_batch"], *arguments, batch_size)
     # A parked message's row has no columns but its id.
     leased = [LeasedMessage.from_row(row) for row in rows if row[_LEASE_TOKEN] is not None]
     if not rows:

@@ -35,10 +35,12 @@ ON CONFLICT (webhook_id) DO NOTHING
 RETURNING webhook_id;
 
 -- lease_batch --
--- Claim due Pending rows and rows whose lease expired; $1 = batch size, $2 = lease seconds,
--- $3 = whether a Failed message holds back later messages with its ordering key,
--- $4 = the largest payload to return: a bigger one (only a row written by hand can be) comes back
--- as NULL with its size, so a batch of them cannot fill the relay's memory.
+-- Claim due Pending rows and rows whose lease expired; $1 = lease seconds,
+-- $2 = whether a Failed message holds back later messages with its ordering key,
+-- $3 = the largest payload to return: a bigger one (only a row written by hand can be) comes back
+-- as NULL with its size, so a batch of them cannot fill the relay's memory; $4 = batch size (the
+-- relay writes its usual batch size in instead, store.lease_statement: no parameter then changes
+-- the plan, and the server plans the statement once per connection rather than at every lease).
 -- A row's due time is next_attempt_at while Pending and lease_expires_at while Processing (a
 -- lease expired by hand takes effect at once); the partial index over that expression
 -- (outbox_messages_due_idx) serves both halves of the seed's condition in one ordered scan.
@@ -55,10 +57,12 @@ WITH due AS (
         -- The nearest earlier message of its key that is still in the way (ordering index).
         SELECT e.outbox_message_id, e.status, e.next_attempt_at
         FROM outbox_messages AS e
-        WHERE e.ordering_key = m.ordering_key
+        -- A row without a key (most) skips the probe: a one-time filter, not an index scan.
+        WHERE m.ordering_key IS NOT NULL
+          AND e.ordering_key = m.ordering_key
           AND e.ordering_seq < m.ordering_seq
           AND e.status <> 'Processed'
-          AND (e.status <> 'Failed' OR $3::bool)
+          AND (e.status <> 'Failed' OR $2::bool)
         ORDER BY e.ordering_seq DESC
         LIMIT 1
     ) AS before ON true
@@ -74,7 +78,7 @@ WITH due AS (
                    ELSE m.next_attempt_at END),
              m.created_at
     FOR UPDATE OF m SKIP LOCKED
-    LIMIT $1
+    LIMIT $4
 ),
 holding AS (
     -- The messages the parked rows wait behind, locked and checked again at their latest
@@ -84,7 +88,7 @@ holding AS (
     SELECT e.outbox_message_id
     FROM outbox_messages AS e
     WHERE e.outbox_message_id = ANY (ARRAY(SELECT waits_for FROM due))
-      AND (e.status = 'Pending' OR (e.status = 'Failed' AND $3::bool))
+      AND (e.status = 'Pending' OR (e.status = 'Failed' AND $2::bool))
     FOR SHARE OF e SKIP LOCKED
 ),
 parked AS (
@@ -101,8 +105,8 @@ leased AS (
     SET status = 'Processing',
         attempt_count = m.attempt_count + 1,
         processing_started_at = now(),
-        lease_expires_at = now() + make_interval(secs => $2),
-        next_attempt_at = now() + make_interval(secs => $2),
+        lease_expires_at = now() + make_interval(secs => $1),
+        next_attempt_at = now() + make_interval(secs => $1),
         lease_token = gen_random_uuid()
     FROM due
     WHERE m.outbox_message_id = due.outbox_message_id
@@ -121,18 +125,20 @@ troubled AS (
     FROM outbox_endpoints
     WHERE consecutive_failures > 0 OR reopen_at IS NOT NULL
 )
--- The payload is turned into text once per row (RETURNING cannot share an expression).
-SELECT due.outbox_message_id, leased.event_type,
-       CASE WHEN octet_length(leased.payload_text) <= $4 THEN leased.payload_text END AS payload,
+-- The payload is turned into text once per row (RETURNING cannot share an expression). The
+-- leased rows, then the parked ones (no row is both); the clock and the breakers are read once.
+SELECT leased.outbox_message_id, leased.event_type,
+       CASE WHEN octet_length(leased.payload_text) <= $3 THEN leased.payload_text END AS payload,
        octet_length(leased.payload_text) AS payload_bytes,
        leased.attempt_count, leased.lease_token, leased.created_at, leased.ordering_key,
        leased.endpoint_state, leased.trace_context,
        (SELECT endpoints FROM troubled) AS troubled_endpoints,
-       extract(epoch FROM now())::float8 AS database_now
-FROM due
-LEFT JOIN leased ON leased.outbox_message_id = due.outbox_message_id
-LEFT JOIN parked ON parked.outbox_message_id = due.outbox_message_id
-WHERE leased.outbox_message_id IS NOT NULL OR parked.outbox_message_id IS NOT NULL;
+       (SELECT extract(epoch FROM now())::float8) AS database_now
+FROM leased
+UNION ALL
+SELECT parked.outbox_message_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       (SELECT endpoints FROM troubled), (SELECT extract(epoch FROM now())::float8)
+FROM parked;
 
 -- record_outcomes --
 -- Write a whole batch of outcomes and their attempt history in one statement. $1…$7 are arrays

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from outbox.models import LeasedMessage
-from outbox.store import QUERIES
+from outbox.store import QUERIES, lease_statement
 from tests.support.outbox_helpers import seed
 
 DUE_INDEX = "outbox_messages_due_idx"
@@ -25,8 +25,8 @@ SELECT gen_random_uuid(), 'OrderCompleted', jsonb_build_object('orderId', g), $2
 FROM generate_series(1, $1) AS g
 """
 
-# Batch size, lease seconds, hold on failure, payload limit: as the processor binds them.
-LEASE_ARGUMENTS = (100, 60.0, True, 1_048_576)
+# Lease seconds, hold on failure, payload limit, batch size: as lease_batch binds them.
+LEASE_ARGUMENTS = (60.0, True, 1_048_576, 100)
 
 
 def scans(plan: dict[str, Any]) -> Iterator[tuple[str, str, str]]:
@@ -86,3 +86,33 @@ async def test_the_lease_returns_a_leased_message_s_fields_first_and_in_order(db
         1,
     )
     assert message.lease_token == row["lease_token"]
+
+
+async def test_the_usual_lease_is_planned_once_and_reads_only_the_partial_index(db: Any) -> None:
+    await db.execute(FILL, 200_000, "Processed")
+    await db.execute(FILL, 20_000, "Failed")
+    await db.execute(FILL, 500, "Pending")
+    await db.execute("ANALYZE outbox_messages")
+    statement, arguments = lease_statement(100), LEASE_ARGUMENTS[:3]
+
+    # The plan the server keeps (made for no parameter value) reads the partial index too.
+    await db.execute("SET plan_cache_mode = force_generic_plan")
+    await db.execute(f"PREPARE usual_lease AS {statement}")
+    raw = await db.fetchval("EXPLAIN (FORMAT JSON) EXECUTE usual_lease(60, true, 1048576)")
+    await db.execute("DEALLOCATE usual_lease; RESET plan_cache_mode")
+    document = json.loads(raw) if isinstance(raw, str) else raw
+    used = list(scans(document[0]["Plan"]))
+    assert any(index == DUE_INDEX for _, _, index in used), used
+    assert not [s for s in used if s[0] == "Seq Scan" and s[1] == "outbox_messages"], used
+
+    # And the server keeps it: after its first few plans, no more planning at each lease.
+    for _ in range(8):
+        transaction = db.transaction()
+        await transaction.start()
+        assert len(await db.fetch(statement, *arguments)) == 100
+        await transaction.rollback()
+    plans = await db.fetchrow(
+        "SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1",
+        statement,
+    )
+    assert plans["generic_plans"] >= 3, dict(plans)

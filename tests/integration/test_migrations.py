@@ -108,7 +108,7 @@ async def test_lease_uses_the_partial_index(db: Any) -> None:
     )
     await db.execute("ANALYZE outbox_messages")
     plan = await db.fetchval(
-        "EXPLAIN (FORMAT JSON) " + QUERIES["lease_batch"], 10, 30.0, True, 1024
+        "EXPLAIN (FORMAT JSON) " + QUERIES["lease_batch"], 30.0, True, 1024, 10
     )
     assert "outbox_messages_due_idx" in str(plan)
     # No scan of the messages table (the breakers' few rows are read whole, as they should be).

@@ -141,7 +141,7 @@ async def test_lease_with_ordering_keys_still_uses_indexes(db: Any) -> None:
             await outbox.enqueue(db, "X", {"n": n}, ordering_key=f"k{n % 20}")
     await db.execute("ANALYZE outbox_messages")
     query = "EXPLAIN (FORMAT JSON) " + QUERIES["lease_batch"]
-    plan = str(await db.fetchval(query, 10, 30.0, True, 1024))
+    plan = str(await db.fetchval(query, 30.0, True, 1024, 10))
     assert "outbox_messages_due_idx" in plan
     assert "outbox_messages_ordering_idx" in plan
     # No scan of the messages table (the breakers' few rows are read whole, as they should be).
@@ -201,7 +201,7 @@ async def test_rows_behind_held_keys_are_parked_and_no_later_lease_reads_them(
     await tx.start()
     try:
         raw = await db.fetchval(
-            "EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["lease_batch"], 100, 30.0, True, 1024
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + QUERIES["lease_batch"], 30.0, True, 1024, 100
         )
     finally:
         await tx.rollback()

@@ -67,7 +67,7 @@ def test_lease_and_outcome_statements_take_durations_never_timestamps() -> None:
         assert "now()" in statement
         assert not re.search(r"\$\d+::(timestamp|timestamptz|date)", statement)
     # The lease length and retry delays are bound as seconds and added to now() in the database.
-    assert "now() + make_interval(secs => $2)" in QUERIES["lease_batch"]
+    assert "now() + make_interval(secs => $1)" in QUERIES["lease_batch"]
     assert "now() + make_interval(secs => o.delay_seconds)" in QUERIES["record_outcomes"]
 
 
