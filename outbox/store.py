@@ -269,14 +269,15 @@ async def record_outcomes(
     messages = [r.message for r in records]
     if retrying and (earlier := await _written_before(conn, messages)) is not None:
         return earlier
-    try:
-        return await _write_outcomes(conn, records, hold_on_failure)
-    except asyncpg.ForeignKeyViolationError:
-        # A message was deleted (purged, or by hand) after another worker took it over: our
-        # stale attempt has nowhere to go. Write the rest; the deleted ones count as stale.
-        present = await _present(conn, messages)
-        kept = [r for r in records if r.message.message_id in present]
-        return await _write_outcomes(conn, kept, hold_on_failure)
+    by_message = zip(*(_outcome_row(r) for r in records), strict=True)
+    attempts = [_attempt_row(r, d) for r in records for d in r.deliveries if _attempted(d)]
+    by_attempt = zip(*attempts, strict=True) if attempts else [[]] * len(AttemptRow._fields)
+    rows = await conn.fetch(
+        QUERIES["record_outcomes"], *map(list, by_message), *map(list, by_attempt), hold_on_failure
+    )
+    return Written(
+        {row["outbox_message_id"] for row in rows}, any(row["lets_next_go"] for row in rows)
+    )
 
 
 class SentAttempt(NamedTuple):
@@ -307,26 +308,6 @@ async def record_delivered(
         return Written(set())
     if retrying and (earlier := await _written_before(conn, messages)) is not None:
         return earlier
-    try:
-        return await _write_delivered(conn, messages, attempts, hold_on_failure)
-    except asyncpg.ForeignKeyViolationError:
-        present = await _present(conn, messages)
-        return await _write_delivered(
-            conn,
-            [m for m in messages if m.message_id in present],
-            [a for a in attempts if a.outbox_message_id in present],
-            hold_on_failure,
-        )
-
-
-async def _write_delivered(
-    conn: Connection,
-    messages: Sequence[LeasedMessage],
-    attempts: Sequence[SentAttempt],
-    hold_on_failure: bool,
-) -> Written:
-    if not messages:
-        return Written(set())
     ids = [m.message_id for m in messages]
     by_column = zip(*attempts, strict=True) if attempts else [[]] * len(SentAttempt._fields)
     row = await conn.fetchrow(
@@ -348,28 +329,6 @@ async def _written_before(conn: Connection, messages: Sequence[LeasedMessage]) -
     if earlier["written"] or earlier["applied"]:
         return Written(set(earlier["applied"]), lets_next_go=True)
     return None
-
-
-async def _present(conn: Connection, messages: Sequence[LeasedMessage]) -> set[UUID]:
-    """Which of ``messages`` still exist."""
-    ids = [m.message_id for m in messages]
-    return {row["outbox_message_id"] for row in await conn.fetch(QUERIES["present"], ids)}
-
-
-async def _write_outcomes(
-    conn: Connection, records: Sequence[Recorded], hold_on_failure: bool
-) -> Written:
-    if not records:
-        return Written(set())
-    messages = zip(*(_outcome_row(r) for r in records), strict=True)
-    attempts = [_attempt_row(r, d) for r in records for d in r.deliveries if _attempted(d)]
-    by_column = zip(*attempts, strict=True) if attempts else [[]] * len(AttemptRow._fields)
-    rows = await conn.fetch(
-        QUERIES["record_outcomes"], *map(list, messages), *map(list, by_column), hold_on_failure
-    )
-    return Written(
-        {row["outbox_message_id"] for row in rows}, any(row["lets_next_go"] for row in rows)
-    )
 
 
 class OutcomeRow(NamedTuple):

@@ -146,8 +146,9 @@ FROM parked;
 -- element per attempt (an endpoint's delivery), in the order of store.AttemptRow; $18 whether a
 -- Failed message holds back later messages with its ordering key.
 -- Fenced by the lease token: a worker whose lease expired and was re-leased cannot overwrite the
--- newer outcome; its attempts are still kept in the history, with applied = false. Rows released
--- without an attempt get no history. started_epoch (the worker's clock) is for the history only.
+-- newer outcome; its attempts are still kept in the history, with applied = false (unless the
+-- message is gone: no attempt outlives its message). Rows released without an attempt get no
+-- history. started_epoch (the worker's clock) is for the history only.
 -- A keyed message that is done (delivered, or Failed where that does not hold its key) lets the
 -- next message of its key go: parked behind it, that one is due now. Returns each applied
 -- outcome, and whether it let a next message go that is due now.
@@ -208,6 +209,18 @@ let_go AS (
       AND m.next_attempt_at = 'infinity'
     RETURNING m.outbox_message_id
 ),
+kept AS (
+    -- The messages of stale outcomes that still exist, locked as a foreign key's check would:
+    -- an attempt is recorded only with its message (none for a message deleted meanwhile).
+    SELECT m.outbox_message_id
+    FROM outbox_messages AS m
+    WHERE m.outbox_message_id = ANY (ARRAY(
+        SELECT o.outbox_message_id
+        FROM o
+        WHERE NOT EXISTS (
+            SELECT 1 FROM updated AS u WHERE u.outbox_message_id = o.outbox_message_id)))
+    FOR KEY SHARE OF m
+),
 history AS (
     INSERT INTO outbox_attempts
         (outbox_message_id, attempt_number, lease_token, started_at, finished_at, duration_ms,
@@ -219,6 +232,8 @@ history AS (
     FROM a
     JOIN o ON o.outbox_message_id = a.outbox_message_id
     LEFT JOIN updated ON updated.outbox_message_id = a.outbox_message_id
+    WHERE updated.outbox_message_id IS NOT NULL
+       OR a.outbox_message_id IN (SELECT outbox_message_id FROM kept)
 )
 SELECT u.outbox_message_id,
        COALESCE(n.next_attempt_at = 'infinity' OR n.next_attempt_at <= now(), false)
@@ -282,6 +297,18 @@ let_go AS (
       AND m.next_attempt_at = 'infinity'
     RETURNING m.outbox_message_id
 ),
+stale AS (
+    SELECT o.outbox_message_id
+    FROM o
+    WHERE NOT EXISTS (SELECT 1 FROM updated AS u WHERE u.outbox_message_id = o.outbox_message_id)
+),
+kept AS (
+    -- As in record_outcomes: a stale attempt is recorded only while its message exists.
+    SELECT m.outbox_message_id
+    FROM outbox_messages AS m
+    WHERE m.outbox_message_id = ANY (ARRAY(SELECT outbox_message_id FROM stale))
+    FOR KEY SHARE OF m
+),
 history AS (
     INSERT INTO outbox_attempts
         (outbox_message_id, attempt_number, lease_token, started_at, finished_at, duration_ms,
@@ -292,13 +319,10 @@ history AS (
     FROM a
     JOIN o ON o.outbox_message_id = a.outbox_message_id
     LEFT JOIN updated ON updated.outbox_message_id = a.outbox_message_id
+    WHERE updated.outbox_message_id IS NOT NULL
+       OR a.outbox_message_id IN (SELECT outbox_message_id FROM kept)
 )
-SELECT ARRAY(
-           SELECT o.outbox_message_id
-           FROM o
-           WHERE NOT EXISTS (
-               SELECT 1 FROM updated AS u WHERE u.outbox_message_id = o.outbox_message_id)
-       ) AS stale,
+SELECT ARRAY(SELECT outbox_message_id FROM stale) AS stale,
        EXISTS (
            SELECT 1
            FROM next_in_key AS n
@@ -393,10 +417,6 @@ SELECT
         JOIN outbox_attempts AS a
           ON a.outbox_message_id = o.outbox_message_id AND a.lease_token = o.lease_token
     ) AS written;
-
--- present --
--- Which of these messages ($1) still exist (an outcome write met one that was deleted)
-SELECT outbox_message_id FROM outbox_messages WHERE outbox_message_id = ANY ($1::uuid[]);
 
 -- backlog_status --
 -- Health of the backlog: counts by status and the ages an on-call engineer alerts on

@@ -397,6 +397,19 @@ async def test_purging_200k_rows_does_not_stall_a_running_drain(
     assert await statuses(db) == {"Processed": 400}
 
 
+async def test_deleting_messages_by_hand_deletes_their_history(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    ids = await seed(db, 3)
+    async with open_relay(make_settings()) as relay:
+        await relay.processor.execute()
+    await db.execute("DELETE FROM outbox_messages WHERE outbox_message_id = ANY ($1)", ids[:2])
+    attempts = await db.fetch("SELECT outbox_message_id FROM outbox_attempts")
+    assert [r["outbox_message_id"] for r in attempts] == [ids[2]]
+    await db.execute("TRUNCATE outbox_messages")
+    assert await db.fetchval("SELECT count(*) FROM outbox_attempts") == 0
+
+
 async def test_show_lists_every_attempt_with_its_outcome(
     db: Any, database_url: str, receiver: Receiver, make_settings: Any
 ) -> None:

@@ -685,6 +685,9 @@ async def test_a_stale_outcome_for_a_deleted_message_does_not_sink_the_batch(
     assert (late.processed, late.stale, late.unrecorded, late.error) == (1, 1, 0, None)
     [other] = [i for i in ids if i != hung]
     assert (await row(db, other))["status"] == "Processed"
+    # No attempt outlives its message: the late worker's one for the deleted message is dropped.
+    attempts = await db.fetch("SELECT outbox_message_id FROM outbox_attempts")
+    assert [r["outbox_message_id"] for r in attempts] == [other]
 
 
 @pytest.mark.parametrize("until_caught_up", [False, True], ids=["drain", "hint's run"])
