@@ -9,8 +9,10 @@ Each contender drains ``small`` and then ``large`` messages under ``valgrind --t
 (its own process only); instructions per message are the difference over ``large - small``, so
 start-up and imports cancel out. The raw client builds and signs its requests before its clock
 starts: the same difference for runs that only build them is taken off. Contenders: the raw
-client, the floor (``bench.worker floor``: lease, build, sign, POST and record, nothing else)
-and the relay. Skipped where valgrind is not installed.
+client, the floor (``bench.worker floor``: lease, build, sign, POST and record, nothing else),
+the relay, and the relay with its telemetry calls taken out (``untraced``): what telemetry
+costs with no SDK is a few instructions per message, which only a count can resolve. Skipped
+where valgrind is not installed.
 
 valgrind's CPU model hides the processor's SHA instructions, so the signature (which the relay and
 the floor compute inside their count, the raw client outside) weighs more here than natively.
@@ -28,7 +30,7 @@ from typing import Any
 
 from bench.common import ROOT, Database, ReceiverProcess, enqueue_outbox, log, settle
 
-CONTENDERS = ("raw", "floor", "relay")
+CONTENDERS = ("raw", "floor", "relay", "untraced")
 _TOTAL = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
 
 
@@ -103,4 +105,5 @@ async def measure(receiver: ReceiverProcess, *, small: int, large: int) -> dict[
         "relay_vs_raw": round(per_message["relay"] / raw, 3),
         "floor_vs_raw": round(per_message["floor"] / raw, 3),
         "relay_vs_floor": round(per_message["relay"] / per_message["floor"], 3),
+        "relay_vs_untraced": round(per_message["relay"] / per_message["untraced"], 4),
     }

@@ -72,9 +72,7 @@ async def explain(conn: Any, *, analyze: bool = False) -> list[dict[str, Any]]:
     tx = conn.transaction()
     await tx.start()
     try:
-        text = await conn.fetchval(
-            f"EXPLAIN ({options}) {LEASE}", *LEASE_ARGUMENTS
-        )
+        text = await conn.fetchval(f"EXPLAIN ({options}) {LEASE}", *LEASE_ARGUMENTS)
     finally:
         await tx.rollback()
     document: list[dict[str, Any]] = json.loads(text) if isinstance(text, str) else text

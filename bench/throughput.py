@@ -35,8 +35,9 @@ from bench.common import (
 )
 from bench.server import wal_bytes, wal_lsn
 
-# "untraced": the relay with its telemetry calls taken out, for what they cost with no SDK.
-CONTENDERS = ("raw", "relay", "untraced", "pgqueuer", "seed")
+# "untraced": the relay with its telemetry calls taken out, for what they cost with no SDK;
+# "floor": only what any relay must do (lease, build, sign, POST, record), for the relay's overhead.
+CONTENDERS = ("raw", "floor", "relay", "untraced", "pgqueuer", "seed")
 PGQ_ENTRYPOINT = "webhook"
 
 
@@ -97,7 +98,7 @@ def run_worker(contender: str, url: str, database_url: str, options: Options) ->
     return result
 
 
-OUTBOX_CONTENDERS = ("relay", "untraced", "seed")
+OUTBOX_CONTENDERS = ("floor", "relay", "untraced", "seed")
 
 
 async def prepare(contender: str, db: Database, messages: int) -> int:
