@@ -11,8 +11,8 @@ start-up and imports cancel out. The raw client builds and signs its requests be
 starts: the same difference for runs that only build them is taken off. Contenders: the raw
 client, the floor (``bench.worker floor``: lease, build, sign, POST and record, nothing else),
 the relay, and the relay with its telemetry calls taken out (``untraced``): what telemetry
-costs with no SDK is a few instructions per message, which only a count can resolve. Skipped
-where valgrind is not installed.
+costs with no SDK is a few instructions per message, which only a count can resolve; and the
+relay on uvloop's event loop (``serve --uvloop``). Skipped where valgrind is not installed.
 
 valgrind's CPU model hides the processor's SHA instructions, so the signature (which the relay and
 the floor compute inside their count, the raw client outside) weighs more here than natively.
@@ -30,7 +30,7 @@ from typing import Any
 
 from bench.common import ROOT, Database, ReceiverProcess, enqueue_outbox, log, settle
 
-CONTENDERS = ("raw", "floor", "relay", "untraced")
+CONTENDERS = ("raw", "floor", "relay", "untraced", "relay-uvloop")
 _TOTAL = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
 
 
@@ -78,7 +78,10 @@ async def run_once(receiver: ReceiverProcess, contender: str, messages: int) -> 
             await settle(conn)
         finally:
             await conn.close()
-        command = [*worker, contender, "--messages", str(messages), "--database-url", db.url]
+        name, _, loop = contender.partition("-")  # relay-uvloop: the relay on uvloop
+        command = [*worker, name, "--messages", str(messages), "--database-url", db.url]
+        if loop:
+            command.append(f"--{loop}")
         total = count(command)
     stats = await receiver.stats()
     if stats.distinct != messages:
@@ -106,4 +109,5 @@ async def measure(receiver: ReceiverProcess, *, small: int, large: int) -> dict[
         "floor_vs_raw": round(per_message["floor"] / raw, 3),
         "relay_vs_floor": round(per_message["relay"] / per_message["floor"], 3),
         "relay_vs_untraced": round(per_message["relay"] / per_message["untraced"], 4),
+        "uvloop_vs_asyncio": round(per_message["relay-uvloop"] / per_message["relay"], 3),
     }

@@ -527,6 +527,11 @@ def _process_cost_lines(doc: dict[str, Any]) -> list[str]:
             f"{n['raw']:,} / {n['floor']:,} / {n['relay']:,} (relay ÷ raw "
             f"{counted['relay_vs_raw']:g}, floor ÷ raw {counted['floor_vs_raw']:g}) | |"
         )
+    if "uvloop_vs_asyncio" in counted:
+        lines.append(
+            f"| instructions per message, relay on uvloop ÷ on asyncio's loop | "
+            f"{counted['uvloop_vs_asyncio']:g} | |"
+        )
     return lines
 
 

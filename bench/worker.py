@@ -27,6 +27,7 @@ from opentelemetry.trace import INVALID_SPAN, Span
 
 from bench.common import EVENT_TYPE, SECRET, body, relay_settings
 from outbox import store
+from outbox.cli import run_on_loop
 from outbox.models import LeasedMessage
 from outbox.outcomes import classify
 from outbox.publisher import Publisher, build_body, build_headers, make_session
@@ -391,10 +392,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shared", action="store_true", help="relay: one of several racing")
     parser.add_argument("--lease-times", action="store_true", help="relay: time each lease")
     parser.add_argument("--build-only", action="store_true", help="raw: build requests, no POST")
+    parser.add_argument("--uvloop", action="store_true", help="run on uvloop (serve --uvloop)")
     args = parser.parse_args(argv)
     cpu_at_start = cpu_seconds()
     with profiler(args.profile):
-        result = asyncio.run(RUNNERS[args.contender](args))
+        result = run_on_loop(lambda: RUNNERS[args.contender](args), uvloop=args.uvloop)
     user, system = (end - start for end, start in zip(cpu_seconds(), cpu_at_start, strict=True))
     result["cpu_seconds"] = round(user + system - result.pop("setup_cpu_seconds", 0.0), 2)
     result["cpu_user_seconds"] = round(user, 2)

@@ -403,13 +403,14 @@ async def serve(
     redact = failure_redactor(settings)
     runner = await start_http(http, options, redact)
     logger.info(
-        "serving %d functions; HTTP on http://%s:%d/api/ (%s)",
+        "serving %d functions; HTTP on http://%s:%d/api/ (%s; event loop %s)",
         len(bindings),
         options.host,
         options.port,
         "function key required"
         if options.key
         else "no OUTBOX_FUNCTION_KEY: keyed routes answer 401",
+        type(asyncio.get_running_loop()).__module__.split(".")[0],
     )
     tasks = [asyncio.create_task(listener.run(stopping)) for listener in listeners]
     # What waited while no relay ran is taken now, not at the first hint or sweep.

@@ -7,6 +7,7 @@ import asyncio
 import json
 import signal
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -42,8 +43,10 @@ def serve_env(
     }
 
 
-@pytest.fixture
-async def served(serve_env: dict[str, str], tmp_path: Path) -> AsyncIterator[tuple[Child, str]]:
+@asynccontextmanager
+async def serving(
+    serve_env: dict[str, str], tmp_path: Path, *options: str
+) -> AsyncIterator[tuple[Child, str]]:
     # host.json as shipped, except that a failed message is retried at once (the test waits).
     host = json.loads((ROOT / "host.json").read_text())
     host["extensions"]["queues"]["visibilityTimeout"] = "00:00:00"
@@ -51,7 +54,14 @@ async def served(serve_env: dict[str, str], tmp_path: Path) -> AsyncIterator[tup
     host_json.write_text(json.dumps(host))
     port = free_port()
     child = await Child.start(
-        "outbox", "serve", "--port", str(port), "--host-json", str(host_json), env=serve_env
+        "outbox",
+        "serve",
+        "--port",
+        str(port),
+        "--host-json",
+        str(host_json),
+        *options,
+        env=serve_env,
     )
     try:
         await child.wait_for_line(r"serving 6 functions")
@@ -61,10 +71,36 @@ async def served(serve_env: dict[str, str], tmp_path: Path) -> AsyncIterator[tup
         await child.kill()
 
 
+@pytest.fixture
+async def served(serve_env: dict[str, str], tmp_path: Path) -> AsyncIterator[tuple[Child, str]]:
+    async with serving(serve_env, tmp_path) as child_and_api:
+        yield child_and_api
+
+
+async def test_on_uvloop_the_same_functions_deliver_and_stop_cleanly(
+    db: Any, receiver: Receiver, serve_env: dict[str, str], tmp_path: Path
+) -> None:
+    async with serving(serve_env, tmp_path, "--uvloop") as (child, api):
+        assert any("event loop uvloop" in line for line in child.lines)
+        result = await run_cli("enqueue", "OrderCompleted", '{"orderId": 1}', env=serve_env)
+        await receiver.wait_for(1, timeout=30)
+        assert receiver.requests[0].webhook_id == json.loads(result.stdout)["message_id"]
+        await seed(db, 3)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(f"{api}/drain", headers={"x-functions-key": KEY}) as response,
+        ):
+            assert (await response.json())["processed"] == 3
+        child.process.send_signal(signal.SIGTERM)
+        assert await child.stop(timeout=60) == 0
+    assert await statuses(db) == {"Processed": 4}
+
+
 async def test_a_committed_event_arrives_through_the_hint_path(
     db: Any, receiver: Receiver, served: tuple[Child, str], serve_env: dict[str, str]
 ) -> None:
     child, _ = served
+    assert any("event loop asyncio" in line for line in child.lines)
     result = await run_cli("enqueue", "OrderCompleted", '{"orderId": 1}', env=serve_env)
     message_id = json.loads(result.stdout)["message_id"]
     await receiver.wait_for(1, timeout=30)
