@@ -490,7 +490,12 @@ class OutboxProcessor:
             batch.closed = True
             for delivery in batch.all_deliveries():
                 self._leave(delivery)
-            await shielded(self._record_batch(batch))
+            try:
+                await shielded(self._record_batch(batch))
+            finally:
+                # Its deliveries point back at it: let them all go now, with the last reference,
+                # rather than wait for a garbage collection (batches would pile up meanwhile).
+                batch.deliveries.clear()
 
     async def _record_batch(self, batch: _Batch) -> None:
         """Write a finished batch's outcomes; the usual batch (all delivered) in the lean way."""
