@@ -133,6 +133,16 @@ class Database:
         finally:
             await conn.close()
 
+    async def backlog(self, messages: int) -> None:
+        """Migrate, enqueue ``messages`` through the producer API and settle: a relay's start."""
+        await self.migrate()
+        conn = await self.connect()
+        try:
+            await enqueue_outbox(conn, messages)
+            await settle(conn)
+        finally:
+            await conn.close()
+
 
 async def enqueue_outbox(
     conn: Any, count: int, start: int = 0, event_type: str = EVENT_TYPE

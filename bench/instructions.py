@@ -28,7 +28,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.common import ROOT, Database, ReceiverProcess, enqueue_outbox, log, settle
+from bench.common import ROOT, Database, ReceiverProcess, log
 
 CONTENDERS = ("raw", "floor", "relay", "untraced", "relay-uvloop")
 _TOTAL = re.compile(r"^summary:\s+(\d+)", re.MULTILINE)
@@ -71,13 +71,7 @@ async def run_once(receiver: ReceiverProcess, contender: str, messages: int) -> 
         command = [*worker, "raw", "--messages", str(messages)]
         return count([*command, "--build-only"] if contender == "raw-build" else command)
     async with Database("instructions") as db:
-        await db.migrate()
-        conn = await db.connect()
-        try:
-            await enqueue_outbox(conn, messages)
-            await settle(conn)
-        finally:
-            await conn.close()
+        await db.backlog(messages)
         name, _, loop = contender.partition("-")  # relay-uvloop: the relay on uvloop
         command = [*worker, name, "--messages", str(messages), "--database-url", db.url]
         if loop:

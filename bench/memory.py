@@ -4,20 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.common import Database, ReceiverProcess, enqueue_outbox, log, median, settle
+from bench.common import Database, ReceiverProcess, log, median
 from bench.throughput import Options, database_wall_seconds, run_worker
 
 
 async def run_once(receiver: ReceiverProcess, messages: int, concurrency: int) -> dict[str, Any]:
     await receiver.reset()
     async with Database("memory") as db:
-        await db.migrate()
-        conn = await db.connect()
-        try:
-            await enqueue_outbox(conn, messages)
-            await settle(conn)
-        finally:
-            await conn.close()
+        await db.backlog(messages)
         worker = run_worker(
             "relay", receiver.url(), db.url, Options(messages=messages, concurrency=concurrency)
         )
