@@ -321,7 +321,7 @@ def _plot_throughput(ax: Any, doc: dict[str, Any]) -> None:
     names = list(rates)
     labels = [LABELS.get(n, n).replace(", ", ",\n") for n in names]
     bars = ax.bar(labels, [rates[n] for n in names], color="#4c78a8")
-    ax.tick_params(axis="x", labelsize=8)
+    ax.tick_params(axis="x", labelsize=7, labelrotation=25)
     for i, name in enumerate(names):
         points = [r["rate"] for r in doc["throughput"]["runs"] if r["contender"] == name]
         ax.scatter([i] * len(points), points, color="black", s=10, zorder=3)
