@@ -95,13 +95,16 @@ class Breakers:
     async def claim_probe(self, key: Key, seconds: float) -> bool:
         """Whether this process sends the probe of ``key`` (no other relay does), claiming it
         for ``seconds`` (the probe's timeout); meanwhile the rest wait here for its answer."""
-        breaker = self._touch(key)
-        breaker.probing_here = True  # before the claim: no second one from here
+        self._touch(key).probing_here = True  # before the claim: no second one from here
+        claimed = False
         try:
             claimed = await store.claim_probe(self._pool, key, seconds)
         except DatabaseError:
-            claimed = False
-        breaker.probing_here, breaker.probing = claimed, not claimed
+            pass
+        finally:  # also when cancelled: then the database's word is awaited from the next lease
+            # Looked up again: a lease that returned meanwhile may have replaced the breaker.
+            breaker = self._touch(key)
+            breaker.probing_here, breaker.probing = claimed, not claimed
         breaker.changed = time.monotonic()
         return claimed
 

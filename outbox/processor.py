@@ -525,26 +525,36 @@ class OutboxProcessor:
         if held is not None:
             self._leave(delivery)
             return Attempt(held, time.time(), 0)
-        waited = not self._slots.take_now()
-        if waited:
-            await self._slots.take()
+        answered = False
         try:
-            self._leave(delivery)
-            now, started = time.time(), time.monotonic()
-            # Asked again after waiting for the slot: time has passed.
-            if waited and (reason := self._not_sent_because(delivery, started)):
-                return Attempt(NotAttempted(reason), now, 0)
-            delivery.started = (now, started)
-            telemetry = self._telemetry
-            if telemetry.tracing or telemetry.metering:
-                result, took, trace = await self._deliver_traced(delivery, started)
-            else:  # no SDK: no span to start, nothing to count
-                result = await self._deliver(delivery.message, delivery.endpoint)
-                took, trace = time.monotonic() - started, None
-                self._admission.finished(took)
+            waited = not self._slots.take_now()
+            if waited:
+                await self._slots.take()
+            try:
+                self._leave(delivery)
+                now, started = time.time(), time.monotonic()
+                # Asked again after waiting for the slot, or for the probe's claim: time passed.
+                if (waited or delivery.probe) and (
+                    reason := self._not_sent_because(delivery, started)
+                ):
+                    return Attempt(NotAttempted(reason), now, 0)
+                delivery.started = (now, started)
+                telemetry = self._telemetry
+                if telemetry.tracing or telemetry.metering:
+                    result, took, trace = await self._deliver_traced(delivery, started)
+                else:  # no SDK: no span to start, nothing to count
+                    result = await self._deliver(delivery.message, delivery.endpoint)
+                    took, trace = time.monotonic() - started, None
+                    self._admission.finished(took)
+            finally:
+                self._slots.give_back()
+            observed = self._breakers.observed(delivery.key, unwell(result), probe=delivery.probe)
+            answered = True
         finally:
-            self._slots.give_back()
-        observed = self._breakers.observed(delivery.key, unwell(result), probe=delivery.probe)
+            if delivery.probe and not answered:
+                # The probe was not made (or came to no answer): give it back, or the
+                # endpoint's other deliveries would wait for its answer for ever.
+                self._breakers.observed(delivery.key, None, probe=True)
         if observed is not None:
             await observed
         return Attempt(result, now, round(took * 1000), trace)

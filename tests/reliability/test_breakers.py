@@ -7,10 +7,12 @@ import asyncio
 import time
 from typing import Any
 
+import asyncpg
 import pytest
 
-from outbox.breakers import THRESHOLD
-from tests.support.outbox_helpers import open_relay, seed_many, statuses
+from outbox import store
+from outbox.breakers import PROBE, THRESHOLD, Breakers
+from tests.support.outbox_helpers import eventually, open_relay, seed, seed_many, statuses
 from tests.support.raw_server import RawServer
 from tests.support.receiver import Received, Receiver, Reply
 from tests.support.relay_process import relay_env, run_relay
@@ -119,3 +121,121 @@ async def test_a_dead_endpoint_never_holds_up_a_healthy_one(
 def _noting(times: list[float], request: Received) -> Reply:
     times.append(time.monotonic())
     return Reply(200)
+
+
+async def cool_down_over_for_orders(db: Any) -> None:
+    """OrderCompleted's breaker open and its cool-down just over: the next delivery probes it."""
+    await db.execute(
+        "INSERT INTO outbox_endpoints (event_type, endpoint, consecutive_failures, opens,"
+        " opened_at, reopen_at) VALUES ('OrderCompleted', 'OrderCompleted', $1, 1,"
+        " now() - interval '1 minute', now() - interval '1 second')",
+        THRESHOLD,
+    )
+
+
+async def test_a_probe_that_is_not_sent_is_given_back(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    # Another run of the process holds its only request slot until `answer` is set.
+    answer = asyncio.Event()
+    receiver.script("/unsigned", Reply(200, hold=answer))
+    await seed(db, 1, event_type="Unsigned")
+    async with open_relay(make_settings(concurrency=1)) as relay:
+        long_run = asyncio.create_task(relay.processor.execute(budget_seconds=30))
+        await eventually(lambda: _true(receiver.in_flight == 1))
+        await cool_down_over_for_orders(db)
+        [message_id] = await seed(db, 1)
+        # A short run leases the message and claims the probe; its delivery waits for the slot
+        # beyond the run's budget, so once it has one the probe is not sent.
+        short_run = asyncio.create_task(relay.processor.execute(budget_seconds=0.2))
+        await eventually(lambda: _probe_claimed(db))
+        await asyncio.sleep(0.3)  # the short run's budget ends while its delivery waits
+        answer.set()
+        short = await short_run
+        await long_run
+        assert (short.processed, short.failed) == (0, 0)
+        assert [r.path for r in receiver.requests] == ["/unsigned"]
+
+        # The claim in the database lapses (a probe's timeout); the next run probes the
+        # endpoint: the probe given back does not keep the endpoint's deliveries waiting.
+        await db.execute("UPDATE outbox_endpoints SET probe_until = now()")
+        await db.execute("UPDATE outbox_messages SET next_attempt_at = now()")
+        later = await asyncio.wait_for(relay.processor.execute(budget_seconds=5), 30)
+    assert later.processed == 1
+    assert [r.path for r in receiver.requests] == ["/unsigned", "/orders"]
+    status = await db.fetchval(
+        "SELECT status FROM outbox_messages WHERE outbox_message_id = $1", message_id
+    )
+    assert status == "Processed"
+    assert await db.fetchval("SELECT count(*) FROM outbox_endpoints") == 0  # closed by it
+
+
+async def test_a_lease_that_returns_during_a_probe_claim_does_not_keep_the_claim_here(
+    db: Any, database_url: str
+) -> None:
+    key = ("OrderCompleted", "OrderCompleted")
+    await cool_down_over_for_orders(db)
+    seen = [store.BreakerSeen(*key, failures=THRESHOLD, reopen_in=-1.0, probing=False)]
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
+    other = await asyncpg.connect(database_url)
+    try:
+        breakers = Breakers(pool, lambda _: [])
+        breakers.learn(seen, as_of=time.monotonic())
+        assert breakers.verdict(key) == PROBE
+        # Another relay is claiming the probe; this one's claim waits for its row lock.
+        claiming = other.transaction()
+        await claiming.start()
+        await other.execute("UPDATE outbox_endpoints SET probe_until = now() + interval '30 s'")
+        claim = asyncio.create_task(breakers.claim_probe(key, 5.0))
+        await eventually(lambda: _waiting_for_a_lock(db))
+        # A lease sent after the claim started returns meanwhile.
+        breakers.learn(seen, as_of=time.monotonic())
+        await claiming.commit()
+        assert await claim is False  # the other relay probes
+    finally:
+        await other.close()
+        await pool.close()
+    assert not breakers.holds_back(key)  # nothing here waits for a probe of its own
+    assert breakers.verdict(key) == 1.0  # they wait for the other relay's probe instead
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _probe_claimed(db: Any) -> bool:
+    return bool(
+        await db.fetchval("SELECT count(*) FROM outbox_endpoints WHERE probe_until > now()")
+    )
+
+
+async def _waiting_for_a_lock(db: Any) -> bool:
+    return bool(await db.fetchval("SELECT count(*) FROM pg_locks WHERE NOT granted"))
+
+
+async def test_a_relay_told_to_stop_while_it_claims_a_probe_does_not_send_it(
+    db: Any, database_url: str, receiver: Receiver, make_settings: Any
+) -> None:
+    await cool_down_over_for_orders(db)
+    [message_id] = await seed(db, 1)
+    other = await asyncpg.connect(database_url)
+    try:
+        async with open_relay(make_settings()) as relay:
+            # The endpoint's row is locked: the relay's claim of the probe waits.
+            locking = other.transaction()
+            await locking.start()
+            await other.execute("SELECT * FROM outbox_endpoints FOR UPDATE")
+            run = asyncio.create_task(relay.processor.execute(budget_seconds=10))
+            await eventually(lambda: _waiting_for_a_lock(db))
+            relay.processor.stop()
+            await locking.rollback()  # the claim goes through after all
+            summary = await run
+    finally:
+        await other.close()
+    assert receiver.requests == []
+    assert (summary.processed, summary.failed) == (0, 0)
+    row = await db.fetchrow(
+        "SELECT status, attempt_count FROM outbox_messages WHERE outbox_message_id = $1",
+        message_id,
+    )
+    assert (row["status"], row["attempt_count"]) == ("Pending", 0)
