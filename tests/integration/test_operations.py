@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -504,3 +505,32 @@ async def test_each_outcome_and_batch_is_logged_with_fields_and_no_secrets(
     assert "outbox.delivery message_id=" in outcomes[0].getMessage()
     assert SECRET.removeprefix("whsec_") not in caplog.text
     assert "/orders" not in caplog.text
+
+
+async def test_a_role_that_may_delete_messages_deletes_their_history_from_any_search_path(
+    db: Any, database_url: str, receiver: Receiver, make_settings: Any
+) -> None:
+    ids = await seed(db, 3)
+    async with open_relay(make_settings()) as relay:
+        await relay.processor.execute()
+    # A clean-up role may delete and truncate messages, and nothing else; its session does not
+    # look in the outbox's schema.
+    role = f"outbox_cleanup_{uuid.uuid4().hex[:8]}"
+    await db.execute(f"CREATE ROLE {role}")
+    try:
+        await db.execute(f"GRANT SELECT, DELETE, TRUNCATE ON outbox_messages TO {role}")
+        cleaner = await asyncpg.connect(database_url, server_settings={"search_path": "pg_catalog"})
+        try:
+            await cleaner.execute(f"SET ROLE {role}")
+            await cleaner.execute(
+                "DELETE FROM public.outbox_messages WHERE outbox_message_id = $1", ids[0]
+            )
+            left = await db.fetch("SELECT outbox_message_id FROM outbox_attempts")
+            assert sorted(r["outbox_message_id"] for r in left) == sorted(ids[1:])
+            await cleaner.execute("TRUNCATE public.outbox_messages")
+        finally:
+            await cleaner.close()
+        assert await db.fetchval("SELECT count(*) FROM outbox_attempts") == 0
+    finally:
+        await db.execute(f"REVOKE ALL ON outbox_messages FROM {role}")
+        await db.execute(f"DROP ROLE {role}")
