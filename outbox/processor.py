@@ -784,8 +784,9 @@ class OutboxProcessor:
 
 
 def _all_sent(batch: _Batch) -> list[store.SentAttempt] | None:
-    """The batch's attempts, if each message was answered 2xx by every endpoint of its event
-    type with nothing kept from before (all Processed: ``store.record_delivered``); else None."""
+    """The batch's attempts, if each message was answered 2xx (no text kept) by every endpoint of
+    its event type with nothing kept from before (all Processed: ``store.record_delivered``);
+    else None."""
     sent: list[store.SentAttempt] = []
     for message, planned in zip(batch.messages, batch.deliveries, strict=True):
         if message.endpoint_state is not None or not isinstance(planned, list):
@@ -795,8 +796,8 @@ def _all_sent(batch: _Batch) -> list[store.SentAttempt] | None:
             if not isinstance(attempt, Attempt):
                 return None
             result = attempt.result
-            if not isinstance(result, Response) or not 200 <= result.status < 300:
-                return None
+            if not isinstance(result, Response) or not 200 <= result.status < 300 or result.snippet:
+                return None  # (a snippet: kept by the general statement only)
             sent.append(
                 store.SentAttempt(
                     message.message_id,

@@ -433,6 +433,29 @@ async def test_a_batch_all_delivered_is_written_as_the_general_statement_writes_
     assert (await row(db, ids[1]))["status"] == "Processed"
 
 
+async def test_a_2xx_answer_with_a_snippet_keeps_it_in_the_history(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    # A delivery of the application's own (not the bundled publisher) may keep a 2xx answer's
+    # text: the batch is then written by the general statement, which keeps it.
+    [message_id] = await seed(db)
+
+    def wrap(publish: Deliver) -> Deliver:
+        async def deliver(message: Any, endpoint: Any) -> Any:
+            answered = await publish(message, endpoint)
+            return Response(answered.status, snippet="accepted as #7")
+
+        return deliver
+
+    summary = await drain_with_delivery(make_settings(), wrap)
+    assert summary.processed == 1
+    history = await db.fetchrow(
+        "SELECT http_status, response_snippet FROM outbox_attempts WHERE outbox_message_id = $1",
+        message_id,
+    )
+    assert (history["http_status"], history["response_snippet"]) == (200, "accepted as #7")
+
+
 def is_outcome_write(query: str) -> bool:
     return query in (store.QUERIES[name] for name in OUTCOME_WRITES)
 
