@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import textwrap
 from datetime import UTC, datetime
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -319,9 +320,9 @@ def _plot_throughput(ax: Any, doc: dict[str, Any]) -> None:
         return
     rates = doc["throughput"]["median_rate"]
     names = list(rates)
-    labels = [LABELS.get(n, n).replace(", ", ",\n") for n in names]
+    labels = [textwrap.fill(LABELS.get(n, n), 14) for n in names]
     bars = ax.bar(labels, [rates[n] for n in names], color="#4c78a8")
-    ax.tick_params(axis="x", labelsize=7, labelrotation=25)
+    ax.tick_params(axis="x", labelsize=7)
     for i, name in enumerate(names):
         points = [r["rate"] for r in doc["throughput"]["runs"] if r["contender"] == name]
         ax.scatter([i] * len(points), points, color="black", s=10, zorder=3)
@@ -334,7 +335,7 @@ def _plot_latency(ax: Any, doc: dict[str, Any]) -> None:
         ax.set_axis_off()
         return
     latency = doc["latency"]
-    ax.set_title(f"commit → webhook received at {latency['rate']:g} msg/s, hint per message")
+    ax.set_title(f"latency at {latency['rate']:g} msg/s: commit → webhook received")
     keys = ("p50_ms", "p95_ms", "p99_ms")
     bars = ax.bar([k[:3] for k in keys], [latency["median"][k] for k in keys], color="#f58518")
     for i, key in enumerate(keys):
