@@ -48,10 +48,11 @@ class LeasedMessage(NamedTuple):
         message = cls._make(row[:_FIELDS])
         if message.endpoint_state is None:
             return message
-        return message._replace(endpoint_state=EndpointState.parse_map(row[8]))
+        return message._replace(endpoint_state=EndpointState.parse_map(row[_ENDPOINT_STATE]))
 
 
 _FIELDS = len(LeasedMessage._fields)
+_ENDPOINT_STATE = LeasedMessage._fields.index("endpoint_state")
 
 
 @dataclass(frozen=True, slots=True)

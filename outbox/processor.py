@@ -499,13 +499,12 @@ class OutboxProcessor:
 
     async def _record_batch(self, batch: _Batch) -> None:
         """Write a finished batch's outcomes; the usual batch (all delivered) in the lean way."""
+        await self._breakers.flush()
         if (sent := _all_sent(batch)) is not None:
-            await self._breakers.flush()
             await self._record_sent(batch, sent)
             return
         now = self.clock.now()  # a Retry-After date is the receiver's idea of this time
         records = [self._outcome(batch, index, now) for index in range(len(batch.messages))]
-        await self._breakers.flush()
         await self._record(records, batch.run)
 
     async def _attempt(self, delivery: _Delivery) -> Attempt:
