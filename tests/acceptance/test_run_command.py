@@ -202,7 +202,8 @@ async def test_ctrl_c_during_a_burst_reports_what_it_gave_back_in_one_line(
         assert await run.stop(signal.SIGINT) == 0
     finally:
         await run.kill()
-    summaries = [line for line in run.lines if "outbox.drain trigger=queue" in line]
+    # Whichever run had them: the hint's, or the five-minute sweep's if it fired meanwhile.
+    summaries = [line for line in run.lines if "outbox.drain trigger=" in line]
     assert any(int(re.search(r"released=(\d+)", line)[1]) > 0 for line in summaries), run.output
     assert "outcome=Released" not in run.output
 

@@ -42,7 +42,7 @@ def test_a_hint_s_run_leases_again_for_what_it_gave_back_or_let_go() -> None:
 
 def test_a_short_retry_keeps_a_hint_s_run_going_once_it_is_due() -> None:
     rule = UntilCaughtUp()
-    rule.recorded([record(Outcome(Status.PENDING, 0.05, "HTTP 503"))], False)
+    rule.recorded([record(Outcome(Status.PENDING, 0.5, "HTTP 503"))], False)
     assert rule.due_again > time.monotonic()
-    time.sleep(0.06)
+    time.sleep(0.6)
     assert rule.caught_up() is False
