@@ -194,7 +194,7 @@ async def test_sigterm_finishes_in_flight_deliveries_and_leaves_no_row_processin
     await seed(db, 6)
     async with aiohttp.ClientSession() as http:
         drain = asyncio.create_task(http.post(f"{api}/drain", headers={"x-functions-key": KEY}))
-        await eventually(lambda: _true(receiver.in_flight == 2))  # OUTBOX_CONCURRENCY=2
+        await eventually(lambda: receiver.in_flight == 2)  # OUTBOX_CONCURRENCY=2
         child.process.send_signal(signal.SIGTERM)
         await child.wait_for_line("stopping: finishing in-flight deliveries")
         release.set()
@@ -204,7 +204,3 @@ async def test_sigterm_finishes_in_flight_deliveries_and_leaves_no_row_processin
     assert await statuses(db) == {"Processed": 2, "Pending": 4}
     pending = await db.fetch("SELECT attempt_count FROM outbox_messages WHERE status = 'Pending'")
     assert {r["attempt_count"] for r in pending} == {0}  # released, not counted as attempts
-
-
-async def _true(value: bool) -> bool:
-    return value

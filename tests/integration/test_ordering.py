@@ -82,16 +82,12 @@ async def test_unkeyed_messages_keep_full_parallelism_but_a_key_goes_one_at_a_ti
             await outbox.enqueue(db, "OrderCompleted", {"n": n}, ordering_key="order-1")
     async with open_relay(make_settings(concurrency=8)) as relay:
         drain = asyncio.create_task(relay.processor.execute())
-        await eventually(lambda: _true(receiver.in_flight == 5))
+        await eventually(lambda: receiver.in_flight == 5)
         keyed_in_flight = [r for r in receiver.requests if "order-1" in str(r.body)]
         release.set()
         await drain
     assert len(keyed_in_flight) <= 1
     assert receiver.max_in_flight == 5  # four unkeyed plus the head of the key
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def failed_head(db: Any, receiver: Receiver, relay: Any) -> None:

@@ -302,15 +302,11 @@ async def test_concurrency_bounds_requests_in_flight(
     await seed(db, 12)
     async with open_relay(make_settings(concurrency=3)) as relay:
         drain = asyncio.create_task(relay.processor.execute())
-        await eventually(lambda: _true(receiver.in_flight == 3))
+        await eventually(lambda: receiver.in_flight == 3)
         release.set()
         summary = await drain
     assert summary.processed == 12
     assert receiver.max_in_flight == 3
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def _some_rows(db: Any) -> bool:
@@ -850,7 +846,7 @@ async def test_a_run_s_unsent_messages_do_not_wait_behind_another_run_s_requests
     await seed(db, 10)
     async with open_relay(make_settings(concurrency=1, batch_size=5)) as relay:
         long_run = asyncio.create_task(relay.processor.execute())
-        await eventually(lambda: _true(receiver.in_flight == 1 and len(receiver.requests) == 4))
+        await eventually(lambda: receiver.in_flight == 1 and len(receiver.requests) == 4)
         await seed(db, 5)
         short = await relay.processor.execute(budget_seconds=0.2)
         sent_meanwhile = len(receiver.requests)

@@ -142,7 +142,7 @@ async def test_a_probe_that_is_not_sent_is_given_back(
     await seed(db, 1, event_type="Unsigned")
     async with open_relay(make_settings(concurrency=1)) as relay:
         long_run = asyncio.create_task(relay.processor.execute(budget_seconds=30))
-        await eventually(lambda: _true(receiver.in_flight == 1))
+        await eventually(lambda: receiver.in_flight == 1)
         await cool_down_over_for_orders(db)
         [message_id] = await seed(db, 1)
         # A short run leases the message and claims the probe; its delivery waits for the slot
@@ -197,10 +197,6 @@ async def test_a_lease_that_returns_during_a_probe_claim_does_not_keep_the_claim
         await pool.close()
     assert not breakers.holds_back(key)  # nothing here waits for a probe of its own
     assert breakers.verdict(key) == 1.0  # they wait for the other relay's probe instead
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def _probe_claimed(db: Any) -> bool:

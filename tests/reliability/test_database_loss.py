@@ -83,7 +83,7 @@ async def write_waiting_on_lock(observer: Any) -> int | None:
 
 
 async def deliveries_in_flight(receiver: Receiver, count: int) -> None:
-    await eventually(lambda: _true(receiver.in_flight == count), timeout=30)
+    await eventually(lambda: receiver.in_flight == count, timeout=30)
 
 
 async def test_terminated_backends_are_replaced_and_every_outcome_is_recorded_once(
@@ -212,7 +212,7 @@ async def test_an_outage_shorter_than_the_write_retries_loses_no_outcome(
         await deliveries_in_flight(receiver, MESSAGES)
         proxy.down()
         release.set()
-        await eventually(lambda: _true(proxy.refused >= 1))  # the first write attempt failed
+        await eventually(lambda: proxy.refused >= 1)  # the first write attempt failed
         proxy.up()
         summary = await run
     assert (summary.processed, summary.unrecorded, summary.error) == (MESSAGES, 0, None)
@@ -256,10 +256,6 @@ async def _differs(value: Any, other: Any) -> bool:
     return found is not None and found != other
 
 
-async def _true(value: bool) -> bool:
-    return value
-
-
 async def test_a_write_on_a_connection_the_server_is_closing_is_retried_on_a_fresh_one(
     db: Any,
     database_url: str,
@@ -279,7 +275,7 @@ async def test_a_write_on_a_connection_the_server_is_closing_is_retried_on_a_fre
         # but (held by the proxy) not yet the end of the stream when it writes the outcomes.
         proxy.hold_closes()
         await terminate(db, await relay_backends(db))
-        await eventually(lambda: _true(proxy.closed_by_server >= 1))
+        await eventually(lambda: proxy.closed_by_server >= 1)
         release.set()
         try:
             summary = await run
@@ -299,7 +295,7 @@ async def test_a_lease_on_a_connection_the_server_is_closing_ends_the_run_with_a
         assert (await relay.processor.execute()).leased == 0  # leaves a connection in the pool
         proxy.hold_closes()
         await terminate(db, await relay_backends(db))
-        await eventually(lambda: _true(proxy.closed_by_server >= 1))
+        await eventually(lambda: proxy.closed_by_server >= 1)
         [message_id] = await seed(db)
         try:
             failed = await relay.processor.execute()

@@ -37,7 +37,7 @@ async def test_four_racing_relay_processes_deliver_10000_messages_exactly_once(
     )
     relays = [await RelayProcess(env).start() for _ in range(RELAYS)]
     try:
-        await eventually(lambda: _true(receiver.in_flight == RELAYS * CONCURRENCY), timeout=60)
+        await eventually(lambda: receiver.in_flight == RELAYS * CONCURRENCY, timeout=60)
         everyone_racing.set()
         results = await asyncio.gather(*(relay.wait(timeout=150) for relay in relays))
     finally:
@@ -58,7 +58,3 @@ async def test_four_racing_relay_processes_deliver_10000_messages_exactly_once(
     assert set(hits.values()) == {1}
     assert await statuses(db) == {"Processed": MESSAGES}
     assert await db.fetchval("SELECT max(attempt_count) FROM outbox_messages") == 1
-
-
-async def _true(value: bool) -> bool:
-    return value

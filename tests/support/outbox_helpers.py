@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
 import subprocess
@@ -83,13 +84,19 @@ async def statuses(conn: Any) -> dict[str, int]:
     return {r["status"]: r["n"] for r in rows}
 
 
-async def eventually(check: Callable[[], Awaitable[bool]], timeout: float = 15) -> None:
-    """Poll ``check`` until it is true; fail after ``timeout`` seconds."""
+async def eventually(check: Callable[[], bool | Awaitable[bool]], timeout: float = 15) -> None:
+    """Poll ``check`` (a plain or an async condition) until it is true; fail after ``timeout``
+    seconds."""
     deadline = time.monotonic() + timeout
-    while not await check():
+    while not await _holds(check):
         if time.monotonic() > deadline:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.02)
+
+
+async def _holds(check: Callable[[], bool | Awaitable[bool]]) -> bool:
+    result = check()
+    return await result if inspect.isawaitable(result) else result
 
 
 async def peek_hints(queue_settings: QueueSettings) -> list[dict[str, Any]]:
