@@ -38,7 +38,8 @@ class LeasedMessage(NamedTuple):
     ordering_key: str | None = None
     # Where each endpoint stands, kept only while they differ (None: as the row says).
     endpoint_state: Mapping[str, EndpointState] | None = None
-    # The producer's W3C trace context as JSON text, if it had an active span at enqueue.
+    # The producer's W3C trace context as JSON text, if it had an active span at enqueue; one
+    # over telemetry.MAX_TRACE_CONTEXT_CHARS is not fetched: {"outbox_oversize_chars": <length>}.
     trace_context: str | None = None
 
     @classmethod

@@ -39,6 +39,7 @@ from opentelemetry.trace import INVALID_SPAN, Link, Span, SpanContext, SpanKind,
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from outbox.models import DeliveryResult, DrainSummary, Response, TransportError
+from outbox.text import escape_controls
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +54,13 @@ AZURE_MONITOR_EXTRA = 'pip install "outbox-relay[azure-monitor]"'
 OTLP_EXTRA = 'pip install "outbox-relay[otlp]"'
 # A delivery's "span" while no SDK traces: nothing started, nothing made current.
 _NO_SPAN = nullcontext(INVALID_SPAN)
+# A stored trace context longer than this is not read (a W3C ``traceparent`` and ``tracestate``
+# take under 1 KB); ``lease_batch`` does not even fetch one, returning in its place an object
+# whose only key is OVERSIZE_KEY, with the context's length in characters.
+MAX_TRACE_CONTEXT_CHARS = 4096
+OVERSIZE_KEY = "outbox_oversize_chars"
+# How much of a context that cannot be restored its warning shows.
+TRACE_CONTEXT_SHOWN_CHARS = 120
 
 
 def capture() -> str | None:
@@ -65,17 +73,56 @@ def capture() -> str | None:
 
 
 def restore(stored: str | None) -> Context | None:
-    """The context a row's ``trace_context`` holds, or None (none stored, or not readable)."""
+    """The context a row's ``trace_context`` holds, or None: none stored, or one that cannot be
+    restored (not a JSON object, nested too deeply, over ``MAX_TRACE_CONTEXT_CHARS``, control
+    characters, no valid ``traceparent``). Such a context is ignored with one warning per value,
+    and the message is delivered without it: a producer's trace never stops a delivery."""
     if not stored:
         return None
+    if len(stored) > MAX_TRACE_CONTEXT_CHARS:
+        _ignored(f"{len(stored)} characters, over {MAX_TRACE_CONTEXT_CHARS}", "")
+        return None
+    return _restored(stored)
+
+
+@functools.lru_cache(maxsize=256)
+def _restored(stored: str) -> Context | None:
+    """``restore()`` of a value within the bound; cached, so a bad value warns once, and each
+    attempt at a message does not parse its context again (a Context is immutable)."""
     try:
         carrier = json.loads(stored)
+    except RecursionError:
+        return _ignored("nested too deeply", stored)
     except ValueError:
-        return None
+        return _ignored("not JSON", stored)
     if not isinstance(carrier, dict):
-        return None
-    context = PROPAGATOR.extract({k: v for k, v in carrier.items() if isinstance(v, str)})
-    return context if trace.get_current_span(context).get_span_context().is_valid else None
+        return _ignored("not a JSON object", stored)
+    if isinstance(size := carrier.get(OVERSIZE_KEY), int):
+        return _ignored(f"{size} characters, over {MAX_TRACE_CONTEXT_CHARS}", "")
+    fields = {key: carrier.get(key) for key in ("traceparent", "tracestate") if key in carrier}
+    if not all(isinstance(value, str) and value.isprintable() for value in fields.values()):
+        return _ignored("its traceparent or tracestate is not printable text", stored)
+    try:
+        context = PROPAGATOR.extract(fields)
+    except Exception as exc:  # noqa: BLE001 - whatever the propagator raises, the message goes
+        return _ignored(f"{type(exc).__name__} while reading it", stored)
+    if not trace.get_current_span(context).get_span_context().is_valid:
+        return _ignored("no valid traceparent", stored)
+    return context
+
+
+@functools.lru_cache(maxsize=256)
+def _ignored(reason: str, stored: str) -> None:
+    """Warn, once per value, that a stored trace context is ignored (its start shown, escaped)."""
+    shown = escape_controls(stored[:TRACE_CONTEXT_SHOWN_CHARS])
+    if len(stored) > TRACE_CONTEXT_SHOWN_CHARS:
+        shown += "…"
+    logger.warning(
+        "a message's stored trace_context is ignored (%s), and the message delivered without "
+        "it%s",
+        reason,
+        f": {shown}" if shown else "",
+    )
 
 
 def propagate(headers: dict[str, str], stored: str | None) -> None:

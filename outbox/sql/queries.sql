@@ -131,7 +131,13 @@ SELECT leased.outbox_message_id, leased.event_type,
        CASE WHEN octet_length(leased.payload_text) <= $3 THEN leased.payload_text END AS payload,
        octet_length(leased.payload_text) AS payload_bytes,
        leased.attempt_count, leased.lease_token, leased.created_at, leased.ordering_key,
-       leased.endpoint_state, leased.trace_context,
+       leased.endpoint_state,
+       -- A trace context over telemetry.MAX_TRACE_CONTEXT_CHARS is not fetched: in its place an
+       -- object with its length, which the relay warns about and ignores. NULL stays NULL.
+       CASE WHEN length(leased.trace_context) <= 4096 THEN leased.trace_context
+            WHEN leased.trace_context IS NOT NULL
+            THEN json_build_object('outbox_oversize_chars', length(leased.trace_context))::text
+       END AS trace_context,
        (SELECT endpoints FROM troubled) AS troubled_endpoints,
        (SELECT extract(epoch FROM now())::float8) AS database_now
 FROM leased

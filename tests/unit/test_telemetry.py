@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Callable
 
 import pytest
 from opentelemetry import trace
 
 from outbox import telemetry
+from outbox.store import QUERIES
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -60,3 +63,80 @@ def test_a_receivers_address_never_carries_its_path_query_or_credentials() -> No
         443,
     )
     assert telemetry._server("http://127.0.0.1:8080/x") == ("127.0.0.1", 8080)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == telemetry.__name__]
+
+
+def _unique_tracestate() -> str:
+    # Each test its own value: a value already seen in this process is not warned about again.
+    return f"vendor={uuid.uuid4().hex}"
+
+
+@pytest.mark.parametrize(
+    "carrier",
+    [
+        # Deep enough for json's recursion limit, short enough for the bound.
+        lambda state: '{"tracestate": "' + state + '", "x": ' + "[" * 2000 + "]" * 2000 + "}",
+        lambda state: json.dumps({"traceparent": TRACEPARENT, "tracestate": state + "\r\nFORGED"}),
+        lambda state: json.dumps({"traceparent": TRACEPARENT + "\x1b[2J", "tracestate": state}),
+        lambda state: "not json " + state + "\nFORGED",
+        lambda state: json.dumps([state]),
+        lambda state: json.dumps({"traceparent": "garbage", "tracestate": state}),
+    ],
+    ids=["nested-2000-deep", "tracestate-crlf", "traceparent-esc", "not-json", "array", "garbage"],
+)
+def test_a_context_that_cannot_be_restored_is_ignored_with_one_escaped_warning(
+    carrier: Callable[[str], str], caplog: pytest.LogCaptureFixture
+) -> None:
+    stored = carrier(_unique_tracestate())
+    for _ in range(3):  # three attempts, or three messages with this context
+        headers: dict[str, str] = {}
+        telemetry.propagate(headers, stored)
+        assert headers == {}
+        assert telemetry.restore(stored) is None
+    [warning] = _warnings(caplog)
+    assert "trace_context" in warning
+    assert warning.isprintable()  # no CR, LF or ESC: one line, whoever writes it
+    assert "FORGED" not in caplog.text.splitlines()
+
+
+def test_a_context_over_the_bound_is_ignored_unread_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    stored = json.dumps({"traceparent": TRACEPARENT, "pad": "x" * 5_000_000})
+    for _ in range(3):
+        assert telemetry.restore(stored) is None
+    [warning] = _warnings(caplog)
+    assert f"{len(stored)} characters" in warning
+    assert str(telemetry.MAX_TRACE_CONTEXT_CHARS) in warning
+
+
+def test_the_lease_stand_in_for_a_context_over_the_bound_is_ignored_with_one_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # What lease_batch returns in place of a context over the bound (see queries.sql).
+    stored = '{"' + telemetry.OVERSIZE_KEY + '" : 31457292}'
+    for _ in range(3):
+        headers: dict[str, str] = {}
+        telemetry.propagate(headers, stored)
+        assert headers == {}
+    [warning] = _warnings(caplog)
+    assert "31457292 characters" in warning
+
+
+def test_the_lease_bounds_the_trace_context_it_returns_by_the_same_bound() -> None:
+    statement = QUERIES["lease_batch"]
+    assert f"length(leased.trace_context) <= {telemetry.MAX_TRACE_CONTEXT_CHARS}" in statement
+    assert f"'{telemetry.OVERSIZE_KEY}'" in statement
+
+
+def test_a_good_context_is_restored_without_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    stored = json.dumps({"traceparent": TRACEPARENT, "tracestate": _unique_tracestate()})
+    context = telemetry.restore(stored)
+    assert context is not None
+    assert format(trace.get_current_span(context).get_span_context().trace_id, "032x") == (
+        TRACEPARENT.split("-")[1]
+    )
+    assert _warnings(caplog) == []
