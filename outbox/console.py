@@ -1,4 +1,5 @@
-"""Console output for ``make run`` and ``outbox serve``: plain lines, no colours, a progress line.
+"""Console output for ``make run``, ``outbox serve`` and the CLI: plain lines, no colours, a
+progress line, and no line that a record's text can forge.
 
 A long drain logs a line per batch; on a terminal that is noise, so batches are summed and shown
 at most every few seconds as ``draining: … so far``, and each run ends with its summary line.
@@ -9,6 +10,8 @@ from __future__ import annotations
 import logging
 import sys
 import time
+
+from outbox.text import escape_controls
 
 PROGRESS_EVERY_SECONDS = 3.0
 
@@ -45,6 +48,22 @@ class ProgressFilter(logging.Filter):
         return True
 
 
+class EscapingFormatter(logging.Formatter):
+    """One record, one line, whoever logged it: the relay escapes control characters in its own
+    records, but a library's may hold text from outside as it is (OpenTelemetry's warning about
+    a ``tracestate`` read from a row, with a CR LF and a forged line after it). Every control
+    character of the formatted record is shown as an escape (``outbox.text``); a traceback keeps
+    its line breaks, its other control characters escaped."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        return escape_controls(super().formatMessage(record))
+
+    def format(self, record: logging.LogRecord) -> str:
+        # The escaped record holds no line break, so the first one starts its traceback.
+        line, newline, details = super().format(record).partition("\n")
+        return line + newline + escape_controls(details, keep="\n")
+
+
 def help_text(doc: str | None) -> str:
     """A module docstring as ``--help`` shows it: as laid out, without reST literal quotes."""
     return (doc or "").replace("``", "")
@@ -53,7 +72,7 @@ def help_text(doc: str | None) -> str:
 def configure_console(level: int = logging.INFO) -> None:
     """Timestamped lines on stdout with the progress filter (``make run``, ``outbox serve``)."""
     handler = logging.StreamHandler(sys.stdout)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S"))
+    handler.setFormatter(EscapingFormatter("%(asctime)s %(levelname)-7s %(message)s", "%H:%M:%S"))
     handler.addFilter(ProgressFilter())
     logging.basicConfig(level=level, handlers=[handler], force=True)
     quiet_libraries()
@@ -61,7 +80,9 @@ def configure_console(level: int = logging.INFO) -> None:
 
 def configure_cli(level: int = logging.INFO) -> None:
     """Log lines on stderr, so a command's stdout is only its JSON."""
-    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", force=True)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(EscapingFormatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=level, handlers=[handler], force=True)
     quiet_libraries()
 
 

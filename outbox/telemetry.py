@@ -80,9 +80,13 @@ def restore(stored: str | None) -> Context | None:
     if not stored:
         return None
     if len(stored) > MAX_TRACE_CONTEXT_CHARS:
-        _ignored(f"{len(stored)} characters, over {MAX_TRACE_CONTEXT_CHARS}", "")
+        _ignored(_over_the_bound(len(stored)), "")
         return None
     return _restored(stored)
+
+
+class _UnrestorableError(Exception):
+    """Why a stored trace context is ignored."""
 
 
 @functools.lru_cache(maxsize=256)
@@ -90,25 +94,37 @@ def _restored(stored: str) -> Context | None:
     """``restore()`` of a value within the bound; cached, so a bad value warns once, and each
     attempt at a message does not parse its context again (a Context is immutable)."""
     try:
-        carrier = json.loads(stored)
-    except RecursionError:
-        return _ignored("nested too deeply", stored)
-    except ValueError:
-        return _ignored("not JSON", stored)
-    if not isinstance(carrier, dict):
-        return _ignored("not a JSON object", stored)
-    if isinstance(size := carrier.get(OVERSIZE_KEY), int):
-        return _ignored(f"{size} characters, over {MAX_TRACE_CONTEXT_CHARS}", "")
-    fields = {key: carrier.get(key) for key in ("traceparent", "tracestate") if key in carrier}
-    if not all(isinstance(value, str) and value.isprintable() for value in fields.values()):
-        return _ignored("its traceparent or tracestate is not printable text", stored)
-    try:
-        context = PROPAGATOR.extract(fields)
+        context = PROPAGATOR.extract(_carrier(stored))
+        if not trace.get_current_span(context).get_span_context().is_valid:
+            raise _UnrestorableError("no valid traceparent")
+    except _UnrestorableError as exc:
+        return _ignored(str(exc), stored)
     except Exception as exc:  # noqa: BLE001 - whatever the propagator raises, the message goes
         return _ignored(f"{type(exc).__name__} while reading it", stored)
-    if not trace.get_current_span(context).get_span_context().is_valid:
-        return _ignored("no valid traceparent", stored)
     return context
+
+
+def _carrier(stored: str) -> dict[str, str]:
+    """The ``traceparent`` and ``tracestate`` a stored context holds, as the propagator reads
+    them; ``_UnrestorableError`` says why there are none to read."""
+    try:
+        carrier = json.loads(stored)
+    except RecursionError as exc:
+        raise _UnrestorableError("nested too deeply") from exc
+    except ValueError as exc:
+        raise _UnrestorableError("not JSON") from exc
+    if not isinstance(carrier, dict):
+        raise _UnrestorableError("not a JSON object")
+    if isinstance(size := carrier.get(OVERSIZE_KEY), int):
+        raise _UnrestorableError(_over_the_bound(size))
+    fields = {key: carrier[key] for key in ("traceparent", "tracestate") if key in carrier}
+    if not all(isinstance(value, str) and value.isprintable() for value in fields.values()):
+        raise _UnrestorableError("its traceparent or tracestate is not printable text")
+    return fields
+
+
+def _over_the_bound(chars: int) -> str:
+    return f"{chars} characters, over {MAX_TRACE_CONTEXT_CHARS}"
 
 
 @functools.lru_cache(maxsize=256)
@@ -118,8 +134,7 @@ def _ignored(reason: str, stored: str) -> None:
     if len(stored) > TRACE_CONTEXT_SHOWN_CHARS:
         shown += "…"
     logger.warning(
-        "a message's stored trace_context is ignored (%s), and the message delivered without "
-        "it%s",
+        "a message's stored trace_context is ignored (%s), and the message delivered without it%s",
         reason,
         f": {shown}" if shown else "",
     )

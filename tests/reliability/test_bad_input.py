@@ -118,7 +118,7 @@ async def test_a_deeply_nested_trace_context_is_ignored_and_the_message_delivere
     for message_id in ids:
         assert (await row(db, message_id))["status"] == "Processed"
     # One warning for the two messages (the same value), and no traceback.
-    [warning] = _trace_context_warnings(result.stderr)
+    assert len(_trace_context_warnings(result.stderr)) == 1
     assert "Traceback" not in result.stderr
 
 
@@ -145,7 +145,9 @@ async def test_a_30_mb_trace_context_is_not_fetched_and_the_message_delivered(
     db: Any, database_url: str, receiver: Receiver, webhooks: dict[str, Any]
 ) -> None:
     [huge] = await _insert_with_trace_context(
-        db, f"jsonb_build_object('traceparent', '{TRACEPARENT}', 'pad', repeat('x', {THIRTY_MB}))", 1
+        db,
+        f"jsonb_build_object('traceparent', '{TRACEPARENT}', 'pad', repeat('x', {THIRTY_MB}))",
+        count=1,
     )
     chars = await db.fetchval("SELECT length(trace_context::text) FROM outbox_messages")
     assert chars > THIRTY_MB

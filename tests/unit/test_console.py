@@ -55,3 +55,41 @@ def test_help_shows_the_docstring_as_laid_out_without_literal_quotes(module: str
     doc = importlib.import_module("outbox.cli" if module == "outbox" else module).__doc__
     first_line = (doc or "").splitlines()[0].replace("``", "")
     assert first_line in done.stdout
+
+
+FOREIGN_RECORD = """
+import logging, sys
+from outbox import console
+getattr(console, sys.argv[1])()
+logging.getLogger("opentelemetry.trace.span").warning(
+    "Member doesn't match the w3c identifiers format %s", "congo=t61\\r\\nERROR outbox: FORGED"
+)
+try:
+    raise ValueError("bad\\x1b[2J value")
+except ValueError:
+    logging.getLogger("asyncio").exception("Task failed\\nERROR outbox: FORGED TOO")
+"""
+
+
+@pytest.mark.parametrize(
+    ("configure", "stream"), [("configure_cli", "stderr"), ("configure_console", "stdout")]
+)
+def test_every_record_the_relays_handlers_write_is_escaped_whoever_logged_it(
+    configure: str, stream: str
+) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", FOREIGN_RECORD, configure],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = getattr(done, stream).splitlines()
+    assert not [line for line in lines if line.startswith("ERROR outbox: FORGED")]
+    assert [line for line in lines if "FORGED" in line and "w3c" in line] == [
+        lines[0]  # the record on one line, CR LF shown as escapes
+    ]
+    assert lines[0].endswith("congo=t61\\x0d\\x0aERROR outbox: FORGED")
+    assert lines[1].endswith("Task failed\\x0aERROR outbox: FORGED TOO")
+    # A traceback keeps its line breaks; the control characters in it are escaped.
+    assert lines[2] == "Traceback (most recent call last):"
+    assert lines[-1] == "ValueError: bad\\x1b[2J value"

@@ -136,7 +136,8 @@ def test_a_good_context_is_restored_without_a_warning(caplog: pytest.LogCaptureF
     stored = json.dumps({"traceparent": TRACEPARENT, "tracestate": _unique_tracestate()})
     context = telemetry.restore(stored)
     assert context is not None
-    assert format(trace.get_current_span(context).get_span_context().trace_id, "032x") == (
-        TRACEPARENT.split("-")[1]
+    assert (
+        format(trace.get_current_span(context).get_span_context().trace_id, "032x")
+        == (TRACEPARENT.split("-")[1])
     )
     assert _warnings(caplog) == []
