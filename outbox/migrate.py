@@ -58,7 +58,8 @@ INBOX_MIGRATIONS_DIR = migrations_dir("inbox")
 # How long one statement of a migration waits for a lock: about as long as a producer's INSERT
 # may be held behind it.
 LOCK_TIMEOUT_SECONDS = 2.0
-# How long, in all, a migration waits for its locks before ``migrate`` gives up (``--max-lock-wait``).
+# How long, in all, a migration waits for its locks before ``migrate`` gives up
+# (``--max-lock-wait``).
 DEFAULT_MAX_LOCK_WAIT_SECONDS = 600.0
 # Between two tries: at most this long, less as soon as the sessions it waits for have finished.
 _BACKOFF_SECONDS = (0.5, 1.0, 2.0, 4.0, 8.0)
@@ -157,6 +158,9 @@ async def _apply(
     max_lock_wait: float,
 ) -> list[str]:
     migrations = discover(directory)
+    for migration in migrations:
+        if not migration.transactional:
+            migration.concurrent_index()  # the convention checked before anything is applied
     lock_timeout = f"{int(LOCK_TIMEOUT_SECONDS * 1000)}ms"
     async with store.migration_lock(conn, bookkeeping, lock_timeout):
         applied = await store.applied_migrations(conn, bookkeeping)

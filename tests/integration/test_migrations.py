@@ -203,7 +203,8 @@ async def test_migrate_gives_up_after_max_lock_wait_naming_what_it_waited_for(
         await reader.close()
     message = str(raised.value)
     assert "9001_lock_messages.sql could not take its locks in 0 s" in message
-    assert "'report'" in message and "\n" not in message
+    assert "'report'" in message
+    assert "\n" not in message
     assert await db.fetchval("SELECT count(*) FROM outbox_migrations") == len(discover())
     assert await db.fetchval("SHOW lock_timeout") == "0"  # the session's own setting, put back
     assert await migrate(db, folder) == ["9001_lock_messages.sql"]
