@@ -10,6 +10,7 @@ from outbox.errors import (
     DuplicateMessageError,
     InvalidMessageError,
     OutboxError,
+    OutdatedSchemaError,
     TransactionRequiredError,
 )
 from outbox.models import DrainSummary, Status
@@ -25,6 +26,7 @@ __all__ = [
     "InvalidMessageError",
     "OutboxError",
     "OutboxProcessor",
+    "OutdatedSchemaError",
     "QueueSettings",
     "Settings",
     "Status",

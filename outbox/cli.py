@@ -28,7 +28,12 @@ from outbox.errors import (
     InvalidMessageError,
     OutboxError,
 )
-from outbox.migrate import migrate, migrate_inbox
+from outbox.migrate import (
+    DEFAULT_MAX_LOCK_WAIT_SECONDS,
+    LOCK_TIMEOUT_SECONDS,
+    migrate,
+    migrate_inbox,
+)
 from outbox.producer import enqueue
 from outbox.redact import Redactor
 from outbox.runenv import load_run_env
@@ -55,6 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--inbox",
         action="store_true",
         help="the consumer inbox's (outbox_inbox) instead of the relay's",
+    )
+    migrate_cmd.add_argument(
+        "--max-lock-wait",
+        type=non_negative_seconds,
+        default=DEFAULT_MAX_LOCK_WAIT_SECONDS,
+        metavar="SECONDS",
+        help=(
+            "give up when a migration has waited this long in all for locks other sessions "
+            f"hold (default {DEFAULT_MAX_LOCK_WAIT_SECONDS:g}); it tries again every few seconds, "
+            f"holding producers back at most {LOCK_TIMEOUT_SECONDS:g} s each time"
+        ),
     )
     drain = commands.add_parser("drain", help="deliver every due message once")
     drain.add_argument(
@@ -127,6 +143,17 @@ def positive_seconds(text: str) -> float:
     return seconds
 
 
+def non_negative_seconds(text: str) -> float:
+    """``--max-lock-wait`` seconds: 0 tries each migration once."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError("must be a finite number of seconds, 0 or more")
+    return seconds
+
+
 def positive_days(text: str) -> int:
     """``--older-than-days``: a whole number of days, at least 1 (0 would empty the inbox)."""
     try:
@@ -165,7 +192,7 @@ def _json_default(value: Any) -> Any:
 
 
 async def run_migrate(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
-    emit({"applied": await migrate(conn)})
+    emit({"applied": await migrate(conn, max_lock_wait=args.max_lock_wait)})
     return EXIT_OK
 
 
@@ -254,7 +281,7 @@ CONNECTION_COMMANDS: dict[str, ConnectionCommand] = {
 
 
 async def run_migrate_inbox(conn: Any, args: argparse.Namespace) -> int:
-    emit({"applied": await migrate_inbox(conn)})
+    emit({"applied": await migrate_inbox(conn, max_lock_wait=args.max_lock_wait)})
     return EXIT_OK
 
 

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import functools
 import re
-from contextlib import AbstractAsyncContextManager, AbstractContextManager
+from collections.abc import Iterator
+from contextlib import AbstractAsyncContextManager, AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
+from outbox.errors import OutdatedSchemaError
 from outbox.store import Statement
 
 if TYPE_CHECKING:
@@ -48,6 +50,9 @@ _FAMILIES = ("asyncpg", "psycopg", "sqlalchemy")
 # SQLAlchemy's PostgreSQL drivers whose parameter style the statements are rewritten for.
 _SQLALCHEMY_DRIVERS = ("asyncpg", "psycopg", "psycopg2")
 _PLACEHOLDER = re.compile(r"\$(\d+)")
+# PostgreSQL's undefined_column and undefined_table: what an older schema answers an INSERT of a
+# newer package (e.g. trace_context, added by migration 0008).
+_OUTDATED_SCHEMA = frozenset({"42703", "42P01"})
 
 
 class AsyncDriver(Protocol):
@@ -318,3 +323,39 @@ def pyformat(sql: str) -> str:
 def named_args(statement: Statement) -> dict[str, Any]:
     """The arguments for ``pyformat(statement.sql)``: ``$1`` is ``p1``."""
     return {f"p{number}": value for number, value in enumerate(statement.args, start=1)}
+
+
+@contextmanager
+def outdated_schema_errors() -> Iterator[None]:
+    """Raise any driver's "no such column" or "no such table" error of the outbox's own
+    statement as OutdatedSchemaError, saying what to do."""
+    try:
+        yield
+    except Exception as exc:
+        cause = next((e for e in _chain(exc) if _sqlstate(e)), None)
+        if cause is None or _sqlstate(cause) not in _OUTDATED_SCHEMA:
+            raise
+        detail = str(cause).partition("\n")[0].rpartition(": ")[2] if str(cause) else ""
+        raise OutdatedSchemaError(
+            "the outbox schema is older than this package: run `python -m outbox migrate` "
+            f"(then deploy producers and relay){f'; {detail}' if detail else ''}"
+        ) from exc
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    """PostgreSQL's error code as a driver gives it (psycopg2 calls it ``pgcode``)."""
+    code = getattr(error, "sqlstate", None) or getattr(error, "pgcode", None)
+    return code if isinstance(code, str) else None
+
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc``, the driver error SQLAlchemy wraps (``orig``) and their causes, innermost last."""
+    found: list[BaseException] = []
+    pending: list[BaseException | None] = [exc]
+    while pending:
+        error = pending.pop()
+        if error is None or any(error is seen for seen in found):
+            continue
+        found.append(error)
+        pending += [error.__cause__, getattr(error, "orig", None)]
+    return found[::-1]

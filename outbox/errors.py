@@ -24,6 +24,12 @@ class DuplicateMessageError(OutboxError):
     """``enqueue`` was given a message id that already exists in ``outbox_messages``."""
 
 
+class OutdatedSchemaError(OutboxError):
+    """``enqueue`` met an outbox schema older than the package: a column or table it writes is
+    missing. Run ``python -m outbox migrate`` before deploying a newer package's producers. The
+    caller's transaction is aborted, as after any failed statement."""
+
+
 class InvalidSignature(OutboxError):
     """A webhook request failed ``outbox.inbox.verify``: a header missing or malformed, a timestamp
     outside the tolerance, no signature that matches, or a body that is not a webhook event. The

@@ -85,7 +85,9 @@ async def enqueue(
     )
     if await driver.autocommits():
         raise TransactionRequiredError(outside_transaction("enqueue", driver.begin_hint))
-    if not await driver.returns_row(statement):
+    with drivers.outdated_schema_errors():
+        inserted = await driver.returns_row(statement)
+    if not inserted:
         raise DuplicateMessageError(f"outbox message {message_id} already exists")
     return message_id
 

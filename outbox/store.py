@@ -499,13 +499,22 @@ INBOX_MIGRATIONS = Bookkeeping(
 
 @asynccontextmanager
 async def migration_lock(
-    conn: Connection, bookkeeping: Bookkeeping = RELAY_MIGRATIONS
+    conn: Connection, bookkeeping: Bookkeeping = RELAY_MIGRATIONS, lock_timeout: str = "0"
 ) -> AsyncIterator[None]:
-    """Serialise migrators (a session-level advisory lock), with the bookkeeping table made."""
+    """Serialise migrators (a session-level advisory lock), with the bookkeeping table made.
+
+    Inside, every statement waits at most ``lock_timeout`` (PostgreSQL's syntax, ``'2s'``) for a
+    lock; the session's own setting is put back afterwards. The advisory lock itself is waited for
+    without one: a migrator queued behind another holds no lock of a table."""
     await _execute(conn, QUERIES[bookkeeping.lock])
     try:
-        await _execute(conn, QUERIES[bookkeeping.create_table])
-        yield
+        previous = await _fetchval(conn, QUERIES["show_lock_timeout"])
+        await _fetchval(conn, QUERIES["set_lock_timeout"], lock_timeout)
+        try:
+            await _execute(conn, QUERIES[bookkeeping.create_table])
+            yield
+        finally:
+            await _fetchval(conn, QUERIES["set_lock_timeout"], previous)
     finally:
         await _execute(conn, QUERIES[bookkeeping.unlock])
 
@@ -531,6 +540,44 @@ async def apply_migration(
     async with conn.transaction():
         await conn.execute(sql)
         await conn.execute(QUERIES[bookkeeping.record], name, checksum)
+
+
+@database_boundary
+async def apply_migration_alone(
+    conn: Connection,
+    name: str,
+    sql: str,
+    checksum: str,
+    bookkeeping: Bookkeeping = RELAY_MIGRATIONS,
+    index: str | None = None,
+) -> None:
+    """Run one statement that cannot run in a transaction (``CREATE INDEX CONCURRENTLY``), then
+    record it. ``index``: the index it builds. A build that failed (here, or in a process that
+    died) leaves that index INVALID, which ``IF NOT EXISTS`` would take for done: it is dropped
+    first. Run again after a failure between the statement and its record, the statement finds
+    its work done."""
+    if index is not None:
+        invalid = await conn.fetchval(QUERIES["invalid_index"], index)
+        if invalid is not None:
+            await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {invalid}")
+    await conn.execute(sql)
+    await conn.execute(QUERIES[bookkeeping.record], name, checksum)
+
+
+@database_boundary
+async def lock_holders(conn: Connection) -> list[dict[str, Any]]:
+    """Other sessions that hold a lock on an outbox table or index, oldest transaction first:
+    ``pid``, ``application_name``, ``xact_start``, ``seconds`` (in their transaction)."""
+    return [dict(row) for row in await conn.fetch(QUERIES["lock_holders"])]
+
+
+@database_boundary
+async def lock_holders_remaining(conn: Connection, holders: Sequence[dict[str, Any]]) -> int:
+    """How many of ``holders`` (from ``lock_holders``) are still in the same transaction."""
+    pids = [holder["pid"] for holder in holders]
+    starts = [holder["xact_start"] for holder in holders]
+    remaining: int = await conn.fetchval(QUERIES["lock_holders_remaining"], pids, starts)
+    return remaining
 
 
 @database_boundary
@@ -606,3 +653,8 @@ async def claim_probe(conn: Connection, key: tuple[str, str], seconds: float) ->
 @database_boundary
 async def open_breakers(conn: Connection) -> list[dict[str, Any]]:
     return [dict(row) for row in await conn.fetch(QUERIES["open_breakers"])]
+
+
+@database_boundary
+async def _fetchval(conn: Connection, statement: str, *args: Any) -> Any:
+    return await conn.fetchval(statement, *args)

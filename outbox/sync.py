@@ -45,7 +45,9 @@ def enqueue(
     )
     if driver.autocommits():
         raise TransactionRequiredError(outside_transaction("enqueue", driver.begin_hint))
-    if not driver.returns_row(statement):
+    with drivers.outdated_schema_errors():
+        inserted = driver.returns_row(statement)
+    if not inserted:
         raise DuplicateMessageError(f"outbox message {message_id} already exists")
     return message_id
 

@@ -588,6 +588,49 @@ SELECT name, checksum FROM outbox_migrations ORDER BY name;
 -- Remember that a migration file was applied
 INSERT INTO outbox_migrations (name, checksum) VALUES ($1, $2);
 
+-- show_lock_timeout --
+-- The session's lock_timeout, put back once the migrations are applied
+SELECT current_setting('lock_timeout');
+
+-- set_lock_timeout --
+-- How long a migration's statement waits for a lock ($1, e.g. '2s') before it gives up
+SELECT set_config('lock_timeout', $1, false);
+
+-- lock_holders --
+-- Other sessions holding a lock on an outbox table or index, oldest transaction first: what a
+-- migration that could not take its lock waits for (the statement was cancelled, so
+-- pg_blocking_pids has nothing to say any more). No query text: it may hold a customer's data
+SELECT a.pid, a.application_name, a.xact_start,
+       floor(extract(epoch FROM now() - a.xact_start))::integer AS seconds
+FROM pg_stat_activity AS a
+WHERE a.pid <> pg_backend_pid()
+  AND a.xact_start IS NOT NULL
+  AND a.pid IN (
+      SELECT l.pid
+      FROM pg_locks AS l
+      JOIN pg_class AS c ON c.oid = l.relation
+      WHERE l.granted
+        AND l.locktype = 'relation'
+        AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+        AND c.relnamespace = current_schema()::regnamespace
+        AND c.relname LIKE 'outbox\_%')
+ORDER BY a.xact_start
+LIMIT 3;
+
+-- lock_holders_remaining --
+-- How many of the transactions a migration waits for ($1 pids, $2 their xact_start) are still open
+SELECT count(*)
+FROM pg_stat_activity AS a
+JOIN unnest($1::integer[], $2::timestamptz[]) AS h(pid, xact_start)
+  ON a.pid = h.pid AND a.xact_start = h.xact_start;
+
+-- invalid_index --
+-- The index named $1 if a CREATE INDEX CONCURRENTLY that failed left it INVALID (quoted, qualified
+-- as needed), else nothing
+SELECT i.indexrelid::regclass::text
+FROM pg_index AS i
+WHERE i.indexrelid = to_regclass($1) AND NOT i.indisvalid;
+
 -- create_inbox_migrations_table --
 -- Bookkeeping for `python -m outbox migrate --inbox`, apart from the relay's: a consumer's
 -- database may hold both, and each set is numbered on its own

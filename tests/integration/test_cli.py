@@ -197,3 +197,12 @@ async def test_requeue_errors_name_the_command_s_flags(db: Any, database_url: st
         "say which Failed messages to requeue: --id, --event-type, --endpoint and/or "
         "--created-from/--created-to, or --all-failed (but not both)" in both.stderr
     )
+
+
+async def test_migrate_takes_a_max_lock_wait_in_seconds(database_url: str) -> None:
+    env = {"OUTBOX_DATABASE_URL": database_url}
+    done = await run_cli("migrate", "--max-lock-wait", "5", env=env)
+    assert (done.returncode, json.loads(done.stdout)) == (0, {"applied": []}), done.stderr
+    bad = await run_cli("migrate", "--max-lock-wait", "nan", env=env)
+    assert bad.returncode == 2
+    assert "--max-lock-wait: must be a finite number of seconds, 0 or more" in bad.stderr

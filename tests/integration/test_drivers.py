@@ -21,7 +21,12 @@ from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import outbox
 import outbox.sync
-from outbox.errors import DuplicateMessageError, InvalidMessageError, TransactionRequiredError
+from outbox.errors import (
+    DuplicateMessageError,
+    InvalidMessageError,
+    OutdatedSchemaError,
+    TransactionRequiredError,
+)
 from outbox.settings import QueueSettings
 from tests.integration.conftest import Connect
 from tests.support.drivers import IMPLICIT_KINDS, KINDS, sqlalchemy_url
@@ -53,6 +58,26 @@ async def test_enqueue_commits_with_the_business_row(
         "Pending",
     )
     assert await counts(orders) == (1, 1)
+
+
+@pytest.mark.parametrize("kind", ALL)
+async def test_enqueue_against_an_older_schema_says_to_run_migrate(
+    kind: str, connect: Connect, orders: Any
+) -> None:
+    # The schema before migration 0008, as a database not yet migrated for this package has it.
+    await orders.execute("ALTER TABLE outbox_messages DROP COLUMN trace_context")
+    caller = await connect(kind)
+    with pytest.raises(OutdatedSchemaError) as raised:
+        async with caller.begin():
+            await caller.execute("INSERT INTO orders VALUES (1, 'completed')")
+            await caller.enqueue("OrderCompleted", {"orderId": 1})
+    assert str(raised.value) == (
+        "the outbox schema is older than this package: run `python -m outbox migrate` (then "
+        'deploy producers and relay); column "trace_context" of relation "outbox_messages" '
+        "does not exist"
+    )
+    assert isinstance(raised.value, outbox.OutboxError)
+    assert await counts(orders) == (0, 0)
 
 
 @pytest.mark.parametrize("kind", ALL)

@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from outbox.errors import MigrationError
-from outbox.migrate import MIGRATIONS_DIR, discover, migrate
+from outbox.migrate import MIGRATIONS_DIR, Migration, discover, migrate
 from outbox.store import QUERIES
 from tests.support import pg
 
@@ -113,3 +113,98 @@ async def test_lease_uses_the_partial_index(db: Any) -> None:
     assert "outbox_messages_due_idx" in str(plan)
     # No scan of the messages table (the breakers' few rows are read whole, as they should be).
     assert not re.search(r'"Seq Scan",[^}]*"Relation Name": "outbox_messages"', str(plan))
+
+
+def with_extra(tmp_path: Path, name: str, sql: str) -> Path:
+    """The package's migrations and one more, ``name``, in a folder of their own."""
+    for migration in discover():
+        (tmp_path / migration.name).write_text(migration.sql, encoding="utf-8")
+    (tmp_path / name).write_text(sql, encoding="utf-8")
+    return tmp_path
+
+
+CONCURRENT_INDEX = (
+    "-- outbox: no-transaction\n"
+    "-- Built without blocking producers.\n"
+    "CREATE INDEX CONCURRENTLY IF NOT EXISTS outbox_messages_event_type_idx\n"
+    "    ON outbox_messages (event_type);\n"
+)
+
+
+async def index_state(conn: Any, name: str) -> tuple[bool, bool] | None:
+    """(valid, unique) of index ``name``, None when there is none."""
+    row = await conn.fetchrow(
+        "SELECT indisvalid, indisunique FROM pg_index WHERE indexrelid = to_regclass($1)", name
+    )
+    return None if row is None else (row["indisvalid"], row["indisunique"])
+
+
+async def test_a_no_transaction_migration_builds_its_index_concurrently_and_is_recorded(
+    db: Any, tmp_path: Path
+) -> None:
+    folder = with_extra(tmp_path, "9001_event_type_index.sql", CONCURRENT_INDEX)
+    assert await migrate(db, folder) == ["9001_event_type_index.sql"]
+    assert await index_state(db, "outbox_messages_event_type_idx") == (True, False)
+    recorded = await db.fetchval(
+        "SELECT checksum FROM outbox_migrations WHERE name = '9001_event_type_index.sql'"
+    )
+    assert recorded == Migration("9001_event_type_index.sql", CONCURRENT_INDEX).checksum
+    assert await migrate(db, folder) == []
+
+
+async def test_an_invalid_index_left_by_a_failed_concurrent_build_is_built_again(
+    db: Any, tmp_path: Path
+) -> None:
+    # A build that failed half-way (here: duplicates under UNIQUE) leaves the index INVALID:
+    # IF NOT EXISTS alone would take it for done.
+    await db.execute(
+        "INSERT INTO outbox_messages (outbox_message_id, event_type, payload) "
+        "SELECT gen_random_uuid(), 'Same', '{}' FROM generate_series(1, 2)"
+    )
+    with pytest.raises(asyncpg.UniqueViolationError):
+        await db.execute(
+            "CREATE UNIQUE INDEX CONCURRENTLY outbox_messages_event_type_idx "
+            "ON outbox_messages (event_type)"
+        )
+    assert await index_state(db, "outbox_messages_event_type_idx") == (False, True)
+    folder = with_extra(tmp_path, "9001_event_type_index.sql", CONCURRENT_INDEX)
+    assert await migrate(db, folder) == ["9001_event_type_index.sql"]
+    assert await index_state(db, "outbox_messages_event_type_idx") == (True, False)
+
+
+def test_a_no_transaction_migration_holds_one_statement_that_can_run_again() -> None:
+    two = Migration("x.sql", CONCURRENT_INDEX + "DROP INDEX outbox_messages_due_idx;\n")
+    with pytest.raises(MigrationError, match="more than one statement"):
+        two.concurrent_index()
+    once = Migration("y.sql", CONCURRENT_INDEX.replace(" IF NOT EXISTS", ""))
+    with pytest.raises(MigrationError, match="without IF NOT EXISTS"):
+        once.concurrent_index()
+    assert Migration("z.sql", CONCURRENT_INDEX).concurrent_index() == (
+        "outbox_messages_event_type_idx"
+    )
+    assert not Migration("z.sql", CONCURRENT_INDEX).transactional
+    assert all(migration.transactional for migration in discover())
+
+
+async def test_migrate_gives_up_after_max_lock_wait_naming_what_it_waited_for(
+    db: Any, database_url: str, tmp_path: Path
+) -> None:
+    # A migration that needs a lock a reader of outbox_messages holds.
+    folder = with_extra(
+        tmp_path, "9001_lock_messages.sql", "LOCK TABLE outbox_messages IN ACCESS EXCLUSIVE MODE;"
+    )
+    reader = await asyncpg.connect(database_url, server_settings={"application_name": "report"})
+    try:
+        async with reader.transaction():
+            await reader.fetchval("SELECT count(*) FROM outbox_messages")
+            with pytest.raises(MigrationError) as raised:
+                await migrate(db, folder, max_lock_wait=0)
+    finally:
+        await reader.close()
+    message = str(raised.value)
+    assert "9001_lock_messages.sql could not take its locks in 0 s" in message
+    assert "'report'" in message
+    assert "\n" not in message
+    assert await db.fetchval("SELECT count(*) FROM outbox_migrations") == len(discover())
+    assert await db.fetchval("SHOW lock_timeout") == "0"  # the session's own setting, put back
+    assert await migrate(db, folder) == ["9001_lock_messages.sql"]
