@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
         "serve", help="run the relay's Azure Functions without the Functions host"
     )
     serve_cmd.add_argument("--host", default="127.0.0.1", help="HTTP address (127.0.0.1)")
-    serve_cmd.add_argument("--port", type=int, default=7071, help="HTTP port (7071)")
+    serve_cmd.add_argument("--port", type=tcp_port, default=7071, help="HTTP port (7071)")
     serve_cmd.add_argument(
         "--host-json",
         type=Path,
@@ -152,6 +152,17 @@ def non_negative_seconds(text: str) -> float:
     if not math.isfinite(seconds) or seconds < 0:
         raise argparse.ArgumentTypeError("must be a finite number of seconds, 0 or more")
     return seconds
+
+
+def tcp_port(text: str) -> int:
+    """``serve --port``: a TCP port the server can bind (not 0: a port nobody would know)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError("must be a whole number from 1 to 65535")
+    return port
 
 
 def positive_days(text: str) -> int:

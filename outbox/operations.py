@@ -214,6 +214,21 @@ async def show(conn: store.Connection, message_id: UUID) -> dict[str, Any] | Non
     message["attempts"] = await store.fetch_attempts(conn, message_id)
     state = message.pop("endpoint_state")
     message["endpoints"] = endpoints_of(message, json.loads(state) if state else None)
+    return finished(message)
+
+
+def finished(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` as ``show`` gives it: a finished row (``Processed`` or ``Failed``) is not due
+    and not being processed, whatever its columns kept from its last lease, and says when it
+    finished (``processed_at``, or the end of its last attempt, for a ``Failed`` one);
+    ``finished_at`` is None for a message still under way."""
+    done = message["status"] in (Status.PROCESSED, Status.FAILED)
+    message["finished_at"] = None
+    if done:
+        message["next_attempt_at"] = None
+        message["processing_started_at"] = None
+        last = message["attempts"][-1]["finished_at"] if message["attempts"] else None
+        message["finished_at"] = message["processed_at"] or last
     return message
 
 

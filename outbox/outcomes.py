@@ -17,7 +17,7 @@ good and the others are done; Pending while any endpoint still waits (due with t
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -113,6 +113,27 @@ def aggregate(
     return outcome, None if alike else states
 
 
+def as_tried(
+    message: LeasedMessage, endpoints: Sequence[str], tried: Collection[str | None]
+) -> LeasedMessage:
+    """``message`` with where its ``endpoints`` stand made explicit, where the row keeps no state
+    but its attempt history (``tried``: the endpoints it names) shows that some of them were never
+    sent the message: an endpoint renamed, or added to the event type, since. Those start at their
+    first attempt; the endpoints tried stand where the row is.
+
+    Unchanged where the history names every endpoint, or cannot tell: no attempt recorded (every
+    lease so far lost with its outcome, which counts for every endpoint) or one recorded before
+    endpoints were named.
+    """
+    if message.endpoint_state is not None or not tried or None in tried:
+        return message
+    if all(name in tried for name in endpoints):
+        return message
+    before = message.attempt - 1
+    state = {name: EndpointState(Status.PENDING, before) for name in endpoints if name in tried}
+    return message._replace(endpoint_state=state)
+
+
 def _delivered_at_once(
     message: LeasedMessage, deliveries: Sequence[Delivered], endpoints: Sequence[str]
 ) -> bool:
@@ -134,8 +155,10 @@ def _states(
 ) -> tuple[dict[str, EndpointState], dict[str, float]]:
     """Each endpoint's state after this time, and when each pending one is due (seconds)."""
     prior: Mapping[str, EndpointState] = message.endpoint_state or {}
-    # Without a kept state every endpoint was where the row is: tried at every earlier lease.
-    before = 0 if message.endpoint_state else message.attempt - 1
+    # Without a kept state every endpoint was where the row is: tried at every earlier lease
+    # (``as_tried`` makes the state explicit where the history says otherwise). With one, an
+    # endpoint it does not name was never sent the message.
+    before = 0 if message.endpoint_state is not None else message.attempt - 1
     states = {name: prior.get(name) or EndpointState(Status.PENDING, before) for name in endpoints}
     due: dict[str, float] = {}
     for delivered in deliveries:

@@ -40,7 +40,7 @@ from outbox.models import (
     TransportError,
     Undeliverable,
 )
-from outbox.outcomes import aggregate, classify, unwell
+from outbox.outcomes import aggregate, as_tried, classify, unwell
 from outbox.redact import Redactor
 from outbox.settings import LEASE_SAFETY_SECONDS, Settings, WebhookEndpoint
 from outbox.stopping import StopRule, stop_rule
@@ -345,7 +345,8 @@ class OutboxProcessor:
             lease_deadline = time.monotonic() + self._settings.lease_seconds
             lease = await self._lease(size)
             if lease.messages:
-                batch = _Batch(lease.messages, lease_deadline, run, loop.create_future())
+                messages = await self._as_tried(lease.messages)
+                batch = _Batch(messages, lease_deadline, run, loop.create_future())
                 self._start(batch, work, delivering, batches)
             if lease.taken < size:
                 if not lease.taken and not batches:
@@ -393,6 +394,29 @@ class OutboxProcessor:
             return lease
         finally:
             self._admission.release(size - leased)
+
+    async def _as_tried(self, messages: list[LeasedMessage]) -> list[LeasedMessage]:
+        """The leased messages, those retried without an endpoint state made explicit where their
+        attempt history shows an endpoint that was never sent them (``outcomes.as_tried``)."""
+        retried = [
+            m.message_id
+            for m in messages
+            if m.endpoint_state is None and m.attempt > 1 and self._endpoints.get(m.event_type)
+        ]
+        if not retried:
+            return messages
+        try:
+            tried = await store.endpoints_tried(self._pool, retried)
+        except DatabaseError as exc:  # the outcome write will say more; send them as leased
+            logger.warning("attempt history not read (%s): endpoints as the rows say", exc.kind)
+            return messages
+        return [
+            as_tried(m, self._endpoint_names(m.event_type), tried.get(m.message_id, ()))
+            for m in messages
+        ]
+
+    def _endpoint_names(self, event_type: str) -> list[str]:
+        return [_name(e) for e in self._endpoints.get(event_type, ())]
 
     def _start_window(self, run: _Run, now: float) -> float:
         """Seconds from ``now`` within which a message leased now must start to be sent."""
@@ -643,7 +667,7 @@ class OutboxProcessor:
             outcome = self._classify(attempt, 1, (), now)
             return Recorded(message, outcome, (Delivered(None, message.attempt, attempt, outcome),))
         delivered = tuple(self._delivered(delivery, now) for delivery in planned)
-        names = [_name(e) for e in self._endpoints[message.event_type]]
+        names = self._endpoint_names(message.event_type)
         outcome, state = aggregate(message, delivered, names)
         return Recorded(message, outcome, delivered, state)
 

@@ -229,6 +229,15 @@ async def lease_batch(
 
 
 @database_boundary
+async def endpoints_tried(
+    conn: Connection, message_ids: Sequence[UUID]
+) -> dict[UUID, frozenset[str | None]]:
+    """The endpoints each message was sent to, by its attempt history; absent: none recorded."""
+    rows = await conn.fetch(QUERIES["endpoints_tried"], list(message_ids))
+    return {row["outbox_message_id"]: frozenset(row["endpoints"]) for row in rows}
+
+
+@database_boundary
 async def next_due_in(conn: Connection) -> float | None:
     """Seconds until the next Pending message comes due, if one waits for a time to come."""
     due_in: float | None = await conn.fetchval(QUERIES["next_due_in"])

@@ -106,12 +106,12 @@ def http_endpoint(
                 return await handler(*args, **kwargs)
             except BadRequestError as exc:
                 return 400, {"error": str(exc)}
+            except DatabaseError as exc:  # before OutboxError, its base: an outage, not a bug
+                logger.error("outbox %s endpoint: database error: %s", name, exc.kind)
+                return 503, {"error": DATABASE_DOWN}
             except OutboxError:
                 logger.exception("outbox %s endpoint failed", name)
                 return 500, {"error": MISCONFIGURED}
-            except DatabaseError as exc:
-                logger.error("outbox %s endpoint: database error: %s", name, exc.kind)
-                return 503, {"error": DATABASE_DOWN}
 
         return guarded
 

@@ -424,6 +424,14 @@ SELECT
           ON a.outbox_message_id = o.outbox_message_id AND a.lease_token = o.lease_token
     ) AS written;
 
+-- endpoints_tried --
+-- The endpoints that the attempt history says each of messages $1 was sent to (NULL: an attempt
+-- made before endpoints were named); a message with no attempt recorded has no row
+SELECT outbox_message_id, array_agg(DISTINCT endpoint) AS endpoints
+FROM outbox_attempts
+WHERE outbox_message_id = ANY ($1::uuid[])
+GROUP BY outbox_message_id;
+
 -- backlog_status --
 -- Health of the backlog: counts by status and the ages an on-call engineer alerts on
 SELECT

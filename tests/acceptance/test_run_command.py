@@ -162,8 +162,9 @@ def test_make_run_adds_no_line_of_its_own_after_a_clean_error(tmp_path: Path) ->
         "OUTBOX_LOCAL_DIR": str(tmp_path),
         "OUTBOX_DATABASE_URL": url,
     }
+    # A port of its own: `make run` may be running in another shell on the default one.
     result = subprocess.run(
-        ["make", "--no-print-directory", "run"],
+        ["make", "--no-print-directory", "run", f"RUN_ARGS=--port {free_port()}"],
         cwd=ROOT,
         env=env,
         capture_output=True,

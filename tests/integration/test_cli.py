@@ -148,6 +148,17 @@ async def test_a_configuration_error_found_late_exits_2(database_url: str, tmp_p
     assert "error: host.json: cannot read" in result.stderr
 
 
+async def test_serve_refuses_a_port_out_of_range_in_one_error_line(database_url: str) -> None:
+    for port in ("99999", "65536", "0", "-1", "http"):
+        result = await run_cli("serve", "--port", port, env={"OUTBOX_DATABASE_URL": database_url})
+        assert result.returncode == 2, (port, result.stderr)
+        errors = [line for line in result.stderr.splitlines() if "error" in line.lower()]
+        assert errors == [
+            "python -m outbox serve: error: argument --port: must be a whole number from 1 to 65535"
+        ], port
+        assert "Traceback" not in result.stderr
+
+
 async def test_drain_command_refuses_a_budget_that_is_not_a_positive_number(
     db: Any, database_url: str
 ) -> None:

@@ -245,3 +245,87 @@ async def test_requeue_of_one_endpoint_by_command_and_http_and_of_rows_kept_from
     response = await functions.outbox_requeue(request)
     assert (response.status_code, json.loads(response.get_body())["requeued"]) == (200, 1)
     assert await statuses(db) == {"Pending": 3}
+
+
+async def drain_due(relay: Any, db: Any) -> None:
+    """One run with every Pending message due now (their backoff skipped)."""
+    await db.execute("UPDATE outbox_messages SET next_attempt_at = now() WHERE status = 'Pending'")
+    await relay.processor.execute()
+
+
+async def history(db: Any) -> list[tuple[str, int, str]]:
+    rows = await db.fetch(
+        "SELECT endpoint, attempt_number, outcome FROM outbox_attempts ORDER BY attempt_id"
+    )
+    return [(r["endpoint"], r["attempt_number"], r["outcome"]) for r in rows]
+
+
+async def test_a_renamed_endpoint_gets_the_message_from_its_first_attempt_and_every_attempt(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    receiver.script("/orders", then=Reply(503))
+    receiver.script("/v2", then=Reply(503))
+    [message_id] = await seed(db)
+    old = {"OrderCompleted": {"url": receiver.url("/orders"), "secret": SECRET}}
+    async with open_relay(make_settings(webhooks=old)) as relay:
+        for _ in range(9):
+            await drain_due(relay, db)
+    assert (await row(db, message_id))["attempt_count"] == 9  # one more, and it would fail
+    # "Renaming an endpoint makes it a new one": sent the message from its first attempt.
+    renamed = {"OrderCompleted": [{"name": "orders-v2", "url": receiver.url("/v2")}]}
+    async with open_relay(make_settings(webhooks=renamed)) as relay:
+        await drain_due(relay, db)
+        assert (await row(db, message_id))["status"] == "Pending"
+        for _ in range(9):
+            await drain_due(relay, db)
+    stored = await row(db, message_id)
+    assert stored["status"] == "Failed"
+    assert stored["last_error"] == "gave up after 10 attempts: HTTP 503: ok"
+    assert len(receiver.to("/orders")) == 9
+    assert len(receiver.to("/v2")) == 10
+    assert [n for name, n, _ in await history(db) if name == "orders-v2"] == list(range(1, 11))
+
+
+async def test_an_endpoint_added_to_an_event_type_starts_at_its_first_attempt(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    receiver.script("/billing", then=Reply(503))
+    receiver.script("/shipping", then=Reply(503))
+    [message_id] = await seed(db)
+    one = {"OrderCompleted": [{"name": "billing", "url": receiver.url("/billing")}]}
+    async with open_relay(make_settings(webhooks=one, max_attempts=4)) as relay:
+        for _ in range(3):
+            await drain_due(relay, db)
+    both = {
+        "OrderCompleted": [
+            {"name": "billing", "url": receiver.url("/billing")},
+            {"name": "shipping", "url": receiver.url("/shipping")},
+        ]
+    }
+    async with open_relay(make_settings(webhooks=both, max_attempts=4)) as relay:
+        await drain_due(relay, db)
+        # billing spent its fourth and last attempt; shipping its first of four.
+        assert (await row(db, message_id))["status"] == "Pending"
+        assert json.loads((await row(db, message_id))["endpoint_state"]) == {
+            "billing": {
+                "status": "Failed",
+                "attempts": 4,
+                "error": "gave up after 4 attempts: HTTP 503: ok",
+            },
+            "shipping": {"status": "Pending", "attempts": 1, "error": "HTTP 503: ok"},
+        }
+        for _ in range(3):
+            await drain_due(relay, db)
+    assert (await row(db, message_id))["status"] == "Failed"
+    assert len(receiver.to("/billing")) == 4
+    assert len(receiver.to("/shipping")) == 4
+    assert sorted((name, n) for name, n, _ in await history(db)) == [
+        ("billing", 1),
+        ("billing", 2),
+        ("billing", 3),
+        ("billing", 4),
+        ("shipping", 1),
+        ("shipping", 2),
+        ("shipping", 3),
+        ("shipping", 4),
+    ]

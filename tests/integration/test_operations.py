@@ -447,6 +447,44 @@ async def test_show_lists_every_attempt_with_its_outcome(
     assert "no outbox message" in missing.stderr
 
 
+async def test_show_of_a_finished_row_says_when_it_finished_and_nothing_due(
+    db: Any, database_url: str, receiver: Receiver, make_settings: Any
+) -> None:
+    failed, processed = await seed(db, 2)
+    receiver.responder = lambda r: Reply(410, b"gone") if r.webhook_id == str(failed) else Reply()
+    pending, *_ = await seed(db, 1)
+    await db.execute(
+        "UPDATE outbox_messages SET next_attempt_at = now() + interval '1 hour' "
+        "WHERE outbox_message_id = $1",
+        pending,
+    )
+    async with open_relay(make_settings()) as relay:
+        await relay.processor.execute()
+    env = {"OUTBOX_DATABASE_URL": database_url}
+    shown = {}
+    for message_id in (failed, processed, pending):
+        result = await run_cli("show", str(message_id), env=env)
+        shown[message_id] = json.loads(result.stdout)
+    assert [shown[m]["status"] for m in (failed, processed, pending)] == [
+        "Failed",
+        "Processed",
+        "Pending",
+    ]
+    for message_id in (failed, processed):
+        row_shown = shown[message_id]
+        # Its last lease left both columns behind (a lease's expiry, its start): not true now.
+        assert (row_shown["next_attempt_at"], row_shown["processing_started_at"]) == (None, None)
+        assert len(row_shown["attempts"]) == 1
+        assert row_shown["finished_at"] is not None
+    assert shown[processed]["finished_at"] == shown[processed]["processed_at"]
+    assert shown[failed]["finished_at"] == shown[failed]["attempts"][-1]["finished_at"]
+    # A message still under way: when it is due, and no finish.
+    assert shown[pending]["next_attempt_at"] is not None
+    assert shown[pending]["finished_at"] is None
+    columns = await row(db, failed)
+    assert columns["next_attempt_at"] is not None  # the row itself is left as it is
+
+
 async def test_history_records_error_classes_and_stale_attempts(
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:

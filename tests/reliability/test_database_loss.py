@@ -15,8 +15,10 @@ from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
+import azure.functions as func
 import pytest
 
+from outbox import functions as relay_functions
 from outbox.models import DrainSummary
 from outbox.processor import OutboxProcessor
 from outbox.publisher import Publisher
@@ -371,3 +373,54 @@ async def test_a_database_that_comes_back_is_drained_within_a_minute_without_the
     finally:
         await serve.kill()
     assert [r.json["data"] for r in receiver.requests] == [{"orderId": 1}]
+
+
+def _http_requests() -> dict[str, tuple[Any, func.HttpRequest]]:
+    """One request to each HTTP function, as the Functions host would pass it."""
+    return {
+        "drain": (
+            relay_functions.outbox_drain,
+            func.HttpRequest(method="POST", url="/api/outbox/drain", headers={}, body=b""),
+        ),
+        "status": (
+            relay_functions.outbox_status,
+            func.HttpRequest(method="GET", url="/api/outbox/status", headers={}, body=b""),
+        ),
+        "requeue": (
+            relay_functions.outbox_requeue,
+            func.HttpRequest(
+                method="POST", url="/api/outbox/requeue", headers={}, body=b'{"all_failed": true}'
+            ),
+        ),
+    }
+
+
+async def test_every_http_function_answers_503_while_the_database_is_unreachable_then_recovers(
+    database_url: str,
+    app_env: None,
+    proxy: TcpProxy,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setenv("OUTBOX_DATABASE_URL", through(proxy, database_url))
+    for name, (function, request) in _http_requests().items():
+        assert (await function(request)).status_code == 200, name  # a pooled connection each
+    proxy.down()
+    for name, (function, request) in _http_requests().items():
+        response = await function(request)
+        text = response.get_body().decode()
+        assert response.status_code == 503, (name, text)
+        error = json.loads(text)["error"]
+        assert error == "database error; see the function logs", name
+        assert "\n" not in error
+        assert DB_PASSWORD not in text
+    assert proxy.refused >= 1  # new connections were turned away, not only pooled ones cut
+    assert "Traceback" not in caplog.text
+    assert not [r for r in caplog.records if r.exc_info], "no traceback is logged"
+    assert "misconfigured" not in caplog.text
+    assert DB_PASSWORD not in caplog.text
+    proxy.up()  # the same process and relay, nothing restarted
+    for name, (function, request) in _http_requests().items():
+        response = await function(request)
+        assert response.status_code == 200, (name, response.get_body())

@@ -15,7 +15,7 @@ from outbox.models import (
     Response,
     Status,
 )
-from outbox.outcomes import aggregate
+from outbox.outcomes import aggregate, as_tried
 
 NOW = datetime(2026, 1, 2, tzinfo=UTC)
 DONE = Outcome(Status.PROCESSED)
@@ -115,6 +115,38 @@ def test_an_endpoint_added_later_starts_from_its_first_attempt() -> None:
     assert out.status is Status.PENDING
     assert state is not None
     assert state["b"] == EndpointState(Status.PENDING, 1, "HTTP 503")
+
+
+def test_an_endpoint_the_history_never_names_starts_at_its_first_attempt() -> None:
+    # Nine failures at "orders", kept as the row's own (no state); the endpoint is renamed.
+    renamed = as_tried(message(attempt=10), ["v2"], {"orders"})
+    assert renamed.endpoint_state == {}
+    out, state = aggregate(renamed, [delivered("v2", RETRY, 1)], ["v2"])
+    assert (out.status, state) == (
+        Status.PENDING,
+        {"v2": EndpointState(Status.PENDING, 1, "HTTP 503")},
+    )
+    # Held by its breaker, it spent nothing: still at its first attempt next time.
+    held = Outcome(Status.PENDING, 9.0, None, not_attempted=True)
+    out, state = aggregate(renamed, [delivered("v2", held, 1)], ["v2"])
+    assert (out.not_attempted, state) == (True, {"v2": EndpointState(Status.PENDING, 0)})
+    # An endpoint added beside the one tried three times: its first attempt, the other its fourth.
+    added = as_tried(message(attempt=4), ["a", "b"], {"a"})
+    assert added.endpoint_state == {"a": EndpointState(Status.PENDING, 3)}
+    out, state = aggregate(added, [delivered("a", RETRY, 4), delivered("b", RETRY, 1)], ["a", "b"])
+    assert state == {
+        "a": EndpointState(Status.PENDING, 4, "HTTP 503"),
+        "b": EndpointState(Status.PENDING, 1, "HTTP 503"),
+    }
+
+
+def test_the_row_stands_for_every_endpoint_where_the_history_cannot_tell_otherwise() -> None:
+    retried = message(attempt=4)
+    assert as_tried(retried, ["a", "b"], {"a", "b"}) is retried  # every endpoint tried
+    assert as_tried(retried, ["a"], set()) is retried  # leases lost with their outcomes count
+    assert as_tried(retried, ["a"], {None}) is retried  # attempts from before endpoints had names
+    kept = message(attempt=4, state={"a": EndpointState(Status.PROCESSED, 1)})
+    assert as_tried(kept, ["a", "b"], {"a"}) is kept  # the state says it already
 
 
 def test_no_endpoint_at_all_is_the_one_outcome_that_says_why() -> None:

@@ -30,6 +30,19 @@ def test_the_readme_is_a_front_page() -> None:
     assert len((ROOT / "README.md").read_text().splitlines()) <= 250
 
 
+def test_one_table_says_what_each_answer_does_and_the_guides_link_it() -> None:
+    header = "| what happened | row afterwards |"
+    tables = [page for page in DOCS for line in page.read_text().splitlines() if line == header]
+    assert tables == [ROOT / "README.md"]
+    for guide in ("consumer.md", "self-hosting.md"):
+        assert "](../README.md#outcomes)" in (ROOT / "docs" / guide).read_text(), guide
+    # Only 410 and an endpoint's final_statuses fail a message at once, not any 4xx.
+    for page in DOCS:
+        text = " ".join(page.read_text().split())
+        assert not re.search(r"4xx[^.]*fails? the message", text), page.relative_to(ROOT)
+        assert "(a 4xx)" not in text, page.relative_to(ROOT)
+
+
 def test_every_relative_link_of_the_documentation_leads_somewhere() -> None:
     for page in DOCS:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
