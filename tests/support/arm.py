@@ -30,7 +30,9 @@ def _registry() -> Registry[Any]:
     resources = []
     for path in SCHEMAS.rglob("*.json"):
         uri = BASE + path.relative_to(SCHEMAS).as_posix()
-        resource = Resource.from_contents(json.loads(path.read_text()), default_specification=DRAFT4)
+        resource = Resource.from_contents(
+            json.loads(path.read_text()), default_specification=DRAFT4
+        )
         resources += [(uri, resource), (uri + "#", resource)]
     return Registry().with_resources(resources)
 
@@ -45,7 +47,10 @@ def _schema(uri: str) -> Any:
 def errors(document: Any, schema_uri: str) -> list[str]:
     """What is wrong with ``document`` by the schema at ``schema_uri``, one line each."""
     validator = jsonschema.Draft4Validator(_schema(schema_uri), registry=REGISTRY)
-    return [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
+    return [
+        f"{'/'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in validator.iter_errors(document)
+    ]
 
 
 def resource_errors(resource: Mapping[str, Any]) -> list[str]:
@@ -89,7 +94,9 @@ def _resource_definitions() -> Iterator[tuple[str, str]]:
 
 # --- ARM template expressions -------------------------------------------------------------
 
-_TOKEN = re.compile(r"\s*(?:(?P<number>-?\d+)|'(?P<string>(?:[^']|'')*)'|(?P<name>[A-Za-z]\w*)|(?P<punct>[(),.\[\]]))")
+_TOKEN = re.compile(
+    r"\s*(?:(?P<number>-?\d+)|'(?P<string>(?:[^']|'')*)'|(?P<name>[A-Za-z]\w*)|(?P<punct>[(),.\[\]]))"
+)
 
 
 class Expressions:
@@ -113,7 +120,9 @@ class Expressions:
             "div": lambda a, b: math.trunc(a / b),
             "mul": lambda a, b: a * b,
             "string": lambda v: str(v).lower() if isinstance(v, bool) else str(v),
-            "format": lambda text, *args: re.sub(r"\{(\d+)\}", lambda m: str(args[int(m[1])]), text),
+            "format": lambda text, *args: re.sub(
+                r"\{(\d+)\}", lambda m: str(args[int(m[1])]), text
+            ),
             "equals": lambda a, b: a == b,
             "not": lambda a: not a,
             "and": lambda *a: all(a),
@@ -123,7 +132,10 @@ class Expressions:
             "toLower": str.lower,
             "replace": str.replace,
             "take": lambda v, n: v[:n],
-            "resourceGroup": lambda: {"id": "/subscriptions/s/resourceGroups/rg", "location": "westeurope"},
+            "resourceGroup": lambda: {
+                "id": "/subscriptions/s/resourceGroups/rg",
+                "location": "westeurope",
+            },
             "subscription": lambda: {"tenantId": "<tenant>", "subscriptionId": "s"},
             "environment": lambda: {
                 "suffixes": {"storage": "core.windows.net", "keyvaultDns": ".vault.azure.net"}
@@ -163,7 +175,8 @@ class Expressions:
         elif head["string"] is not None:
             value = head["string"].replace("''", "'")
         else:
-            assert rest and rest[0]["punct"] == "(", f"not a call: {head.group()}"
+            if not rest or rest[0]["punct"] != "(":
+                raise ValueError(f"not a call: {head.group()}")
             args, rest = [], rest[1:]
             while rest[0]["punct"] != ")":
                 arg, rest = self._expression(rest)
