@@ -142,6 +142,7 @@ def test_requirements_are_runtime_only_and_never_the_worker() -> None:
         ("requirements-dev.txt", False),
         ("README.md", False),
         (".local/pgdata/PG_VERSION", False),
+        ("infra/azuredeploy.json", False),
     ],
 )
 def test_funcignore_keeps_tests_and_tooling_out_of_the_package(path: str, deployed: bool) -> None:
