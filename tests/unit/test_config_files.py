@@ -145,6 +145,7 @@ def test_requirements_are_runtime_only_and_never_the_worker() -> None:
         # What `pip install .` leaves in the checkout: a publish from it must not ship them.
         ("build/lib/outbox/processor.py", False),
         ("outbox_relay.egg-info/PKG-INFO", False),
+        ("infra/azuredeploy.json", False),
     ],
 )
 def test_funcignore_keeps_tests_and_tooling_out_of_the_package(path: str, deployed: bool) -> None:
