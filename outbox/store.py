@@ -75,6 +75,9 @@ def load_queries(text: str) -> dict[str, str]:
 QUERIES = load_queries(files("outbox").joinpath("sql/queries.sql").read_text(encoding="utf-8"))
 # A statement that runs longer than this fails (TimeoutError) rather than hold a run for ever.
 COMMAND_TIMEOUT_SECONDS = 30
+# A migration's statement may rewrite or index a table of millions of rows: it is not cut at 30 s
+# (its waits for locks are bounded by its lock_timeout instead).
+MIGRATION_STATEMENT_TIMEOUT_SECONDS = 24 * 3600
 
 
 @database_boundary
@@ -547,7 +550,7 @@ async def apply_migration(
 ) -> None:
     """Run one migration and record it, in one transaction."""
     async with conn.transaction():
-        await conn.execute(sql)
+        await conn.execute(sql, timeout=MIGRATION_STATEMENT_TIMEOUT_SECONDS)
         await conn.execute(QUERIES[bookkeeping.record], name, checksum)
 
 
@@ -568,8 +571,11 @@ async def apply_migration_alone(
     if index is not None:
         invalid = await conn.fetchval(QUERIES["invalid_index"], index)
         if invalid is not None:
-            await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {invalid}")
-    await conn.execute(sql)
+            await conn.execute(
+                f"DROP INDEX CONCURRENTLY IF EXISTS {invalid}",
+                timeout=MIGRATION_STATEMENT_TIMEOUT_SECONDS,
+            )
+    await conn.execute(sql, timeout=MIGRATION_STATEMENT_TIMEOUT_SECONDS)
     await conn.execute(QUERIES[bookkeeping.record], name, checksum)
 
 

@@ -96,6 +96,33 @@ async def test_an_edited_migration_is_refused(empty_db: str, tmp_path: Path) -> 
         await conn.close()
 
 
+async def test_a_migration_longer_than_the_statement_timeout_is_not_cut(
+    empty_db: str, tmp_path: Path
+) -> None:
+    """A migration may rewrite or index millions of rows: the 30 s that bounds the relay's own
+    statements (here 0.5 s) does not apply to it; its waits for locks have their own bound."""
+    for source in MIGRATIONS_DIR.glob("*.sql"):
+        (tmp_path / source.name).write_text(source.read_text())
+    (tmp_path / "9001_slow.sql").write_text(
+        "SELECT pg_sleep(1.5);\n"
+        "CREATE TABLE slow_rows (id int);\n"
+        "INSERT INTO slow_rows VALUES (1);\n"
+        "CREATE FUNCTION slow_id(int) RETURNS int IMMUTABLE LANGUAGE plpgsql\n"
+        "AS $$ BEGIN PERFORM pg_sleep(1.5); RETURN $1; END $$;\n"
+    )
+    (tmp_path / "9002_slow_index.sql").write_text(
+        "-- outbox: no-transaction\n"
+        "CREATE INDEX CONCURRENTLY IF NOT EXISTS slow_ix ON slow_rows ((slow_id(id)));\n"
+    )
+    conn = await asyncpg.connect(empty_db, command_timeout=0.5)
+    try:
+        await conn.execute("SELECT 1")  # the first statement needs no table
+        applied = await migrate(conn, tmp_path)
+        assert applied[-2:] == ["9001_slow.sql", "9002_slow_index.sql"]
+    finally:
+        await conn.close()
+
+
 async def test_lease_uses_the_partial_index(db: Any) -> None:
     await db.execute(
         "INSERT INTO outbox_messages "
