@@ -519,6 +519,9 @@ async def applied_migrations(
     return {row["name"]: row["checksum"] for row in rows}
 
 
+NO_TRANSACTION = "-- outbox: no-transaction"
+
+
 @database_boundary
 async def apply_migration(
     conn: Connection,
@@ -527,7 +530,13 @@ async def apply_migration(
     checksum: str,
     bookkeeping: Bookkeeping = RELAY_MIGRATIONS,
 ) -> None:
-    """Run one migration and record it, in one transaction."""
+    """Run one migration and record it, in one transaction; a file whose first line is
+    ``-- outbox: no-transaction`` (one statement, e.g. ``CREATE INDEX CONCURRENTLY``) runs on its
+    own, then is recorded."""
+    if sql.startswith(NO_TRANSACTION):
+        await conn.execute(sql)
+        await conn.execute(QUERIES[bookkeeping.record], name, checksum)
+        return
     async with conn.transaction():
         await conn.execute(sql)
         await conn.execute(QUERIES[bookkeeping.record], name, checksum)
