@@ -161,9 +161,9 @@ _LEASE_TOKEN = LeasedMessage._fields.index("lease_token")
 
 
 class Lease(NamedTuple):
-    """What one lease statement did: the messages it leased, and how many due rows it parked
-    behind their ordering key. Together they are at most the batch size; when they fill it,
-    more may be due."""
+    """What one lease statement did: the messages it leased (at most the batch size), and how
+    many due rows it parked behind their ordering key (those take none of the batch, and may be
+    many more). When together they reach the batch size, more may be due."""
 
     messages: list[LeasedMessage]
     parked: int = 0
@@ -187,7 +187,7 @@ def lease_statement(batch_size: int) -> str:
     plan for the actual limit; that planning was about a twelfth of the server's CPU per message.
     """
     statement = QUERIES["lease_batch"]
-    if statement.count("LIMIT $4") != 1:
+    if "LIMIT $4" not in statement:
         raise ValueError("lease_batch no longer takes its batch size as LIMIT $4")
     return statement.replace("LIMIT $4", f"LIMIT {int(batch_size)}")
 
@@ -215,14 +215,14 @@ async def lease_batch(
         rows = await conn.fetch(lease_statement(batch_size), *arguments)
     else:
         rows = await conn.fetch(QUERIES["lease_batch"], *arguments, batch_size)
-    # A parked message's row has no columns but its id.
+    # The row that counts the parked messages has no other columns.
     leased = [LeasedMessage.from_row(row) for row in rows if row[_LEASE_TOKEN] is not None]
     if not rows:
         return Lease(leased)
     first = rows[0]
     return Lease(
         leased,
-        len(rows) - len(leased),
+        sum(row["parked"] for row in rows if row[_LEASE_TOKEN] is None),
         first["database_now"],
         troubled_endpoints(first["troubled_endpoints"]),
     )
