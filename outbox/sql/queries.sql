@@ -536,9 +536,11 @@ SELECT
 -- is kept. Each filter applies when it is not NULL: $1 ids, $2 event type, $3/$4 created_at range
 -- [from, to), $8 an endpoint (its failures only; a row that keeps no endpoint state failed at
 -- its single endpoint, named after its event type). Batches go in (created_at, id) order: $5/$6 the
--- last row of the batch before (NULL for the first), $7 the batch size. Only endpoints that
--- failed are sent it again ($8's alone, when given); those that got it are not. Returns the rows
--- it requeued, in that order.
+-- last row of the batch before (NULL for the first), $7 the batch size; each starts where the
+-- last one ended in outbox_messages_failed_order_idx, whatever number of rows share a created_at
+-- (the condition holds for the first batch too, so it is always the index's bound). Only
+-- endpoints that failed are sent it again ($8's alone, when given); those that got it are not.
+-- Returns the rows it requeued, in that order.
 WITH batch AS (
     SELECT outbox_message_id
     FROM outbox_messages
@@ -549,7 +551,9 @@ WITH batch AS (
       AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
       AND ($8::text IS NULL OR endpoint_state -> $8::text ->> 'status' = 'Failed'
            OR (endpoint_state IS NULL AND event_type = $8::text))
-      AND ($5::timestamptz IS NULL OR (created_at, outbox_message_id) > ($5, $6::uuid))
+      AND (created_at, outbox_message_id)
+          > (COALESCE($5::timestamptz, '-infinity'),
+             COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
     ORDER BY created_at, outbox_message_id
     LIMIT $7
     FOR UPDATE
@@ -568,8 +572,8 @@ SET status = 'Pending',
                         THEN jsonb_build_object('status', 'Pending', 'attempts', 0)
                         ELSE e.state END)
         FROM jsonb_each(m.endpoint_state) AS e(name, state))
-FROM batch
-WHERE m.outbox_message_id = batch.outbox_message_id
+-- (Ids as an array: joined to the CTE, the table could be read whole for each batch.)
+WHERE m.outbox_message_id = ANY (ARRAY(SELECT outbox_message_id FROM batch))
 RETURNING m.outbox_message_id, m.created_at;
 
 -- count_failed --
