@@ -9,6 +9,7 @@ driver errors are the caller's own.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import re
@@ -501,8 +502,12 @@ INBOX_MIGRATIONS = Bookkeeping(
 async def migration_lock(
     conn: Connection, bookkeeping: Bookkeeping = RELAY_MIGRATIONS
 ) -> AsyncIterator[None]:
-    """Serialise migrators (a session-level advisory lock), with the bookkeeping table made."""
-    await _execute(conn, QUERIES[bookkeeping.lock])
+    """Serialise migrators (a session-level advisory lock), with the bookkeeping table made.
+    The lock is tried every 0.1 s until taken: no waiter sits in a statement meanwhile."""
+    while True:
+        if await _fetchval(conn, QUERIES[bookkeeping.lock]):
+            break
+        await asyncio.sleep(0.1)
     try:
         await _execute(conn, QUERIES[bookkeeping.create_table])
         yield
@@ -552,6 +557,11 @@ async def purge_inbox_batch(conn: Connection, older_than_days: int, limit: int) 
 @database_boundary
 async def _execute(conn: Connection, statement: str) -> None:
     await conn.execute(statement)
+
+
+@database_boundary
+async def _fetchval(conn: Connection, statement: str) -> Any:
+    return await conn.fetchval(statement)
 
 
 class BreakerSeen(NamedTuple):

@@ -659,8 +659,10 @@ CREATE TABLE IF NOT EXISTS outbox_migrations (
 );
 
 -- lock_migrations --
--- Serialise concurrent migrators for the whole session (released by unlock_migrations)
-SELECT pg_advisory_lock(hashtext('outbox_migrations'));
+-- Serialise concurrent migrators for the whole session (released by unlock_migrations): true if
+-- this session took the lock. Tried, not waited for: a migrator waiting inside a statement
+-- would hold a snapshot that CREATE INDEX CONCURRENTLY, run by the holder, waits for.
+SELECT pg_try_advisory_lock(hashtext('outbox_migrations'));
 
 -- unlock_migrations --
 -- Release the migrators' lock
@@ -684,8 +686,9 @@ CREATE TABLE IF NOT EXISTS outbox_inbox_migrations (
 );
 
 -- lock_inbox_migrations --
--- Serialise concurrent inbox migrators for the whole session (a key of their own)
-SELECT pg_advisory_lock(hashtext('outbox_inbox_migrations'));
+-- Serialise concurrent inbox migrators for the whole session (a key of their own), as
+-- lock_migrations does: true if this session took the lock.
+SELECT pg_try_advisory_lock(hashtext('outbox_inbox_migrations'));
 
 -- unlock_inbox_migrations --
 -- Release the inbox migrators' lock
