@@ -195,8 +195,7 @@ leased AS (
         lease_expires_at = now() + make_interval(secs => $1),
         next_attempt_at = now() + make_interval(secs => $1),
         lease_token = gen_random_uuid()
-    FROM batch
-    WHERE m.outbox_message_id = batch.outbox_message_id
+    WHERE m.outbox_message_id = ANY (ARRAY(SELECT outbox_message_id FROM batch))
     RETURNING m.outbox_message_id, m.event_type, m.payload::text AS payload_text,
               m.attempt_count, m.lease_token, m.created_at, m.ordering_key,
               m.endpoint_state::text AS endpoint_state, m.trace_context::text AS trace_context
