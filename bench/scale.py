@@ -183,7 +183,7 @@ SET_ASIDE = (
 
 async def time_parking(conn: Any, keys: int, behind: int) -> dict[str, Any]:
     """Leases until ``keys`` times ``behind`` never-seen rows behind held keys are all parked (the
-    unkeyed due rows are set aside meanwhile, 60 days ahead, so that each lease meets only those)."""
+    unkeyed due rows are set aside meanwhile, 60 days ahead: each lease meets only those)."""
     await conn.execute(HELD, keys, behind, "fresh-")
     await conn.execute(SET_ASIDE, 60)
     await conn.execute("ANALYZE outbox_messages")
