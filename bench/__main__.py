@@ -53,6 +53,8 @@ SMOKE = {
     "held_keys": 20,
     "held_behind": 50,
     "held_fresh_keys": 5,
+    "held_backlog": 2_000,
+    "held_backlog_keys": 2,
     "memory_messages": 1_000,
     "memory_runs": 1,
     "isolation_dead": 50,
@@ -88,6 +90,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--held-keys", type=int, default=1_000, help="held ordering keys in the held-keys figure")
     add("--held-behind", type=int, default=1_000, help="rows waiting behind each held key")
     add("--held-fresh-keys", type=int, default=50, help="held keys whose rows are parked afresh")
+    add("--held-backlog", type=int, default=1_000_000, help="never-seen rows behind held keys")
+    add("--held-backlog-keys", type=int, default=1, help="held keys those rows wait behind")
     add("--memory-messages", type=int, default=100_000)
     add("--memory-runs", type=int, default=3)
     add("--isolation-dead", type=int, default=1_000, help="messages for the dead endpoint")
@@ -185,6 +189,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             pending=args.scale_pending,
             repeats=args.scale_repeats,
             fresh_keys=args.held_fresh_keys,
+            backlog_keys=args.held_backlog_keys,
+            backlog=args.held_backlog,
         )
     return results
 

@@ -553,6 +553,15 @@ def _lease_lines(doc: dict[str, Any]) -> list[str]:
             f"(ratio {held['ratio']:g}); parking {parking['rows']:,} rows the first time: "
             f"{parking['leases']} leases, {parking['seconds']:g} s | |"
         )
+    if "others_beside_backlog" in doc.get("held_keys", {}):
+        o = doc["held_keys"]["others_beside_backlog"]
+        lines.append(
+            f"| {o['others']} messages without a key and {o['others']} of other keys beside "
+            f"{o['rows']:,} never-seen rows behind {o['keys']:,} held key(s): first leased | "
+            f"{o['first_seconds']:g} s (lease {o['first_leases']}); all without a key "
+            f"{o['all_unkeyed_seconds']:g} s, all of other keys {o['all_keyed_seconds']:g} s "
+            f"({o['all_keyed_leases']} leases) | |"
+        )
     if "isolation" in doc:
         iso = doc["isolation"]
         lines.append(

@@ -11,7 +11,8 @@ Held keys: ``held_keys`` ordering keys whose first message is Failed (the defaul
 keeps the rest waiting) with ``held_behind`` Pending messages behind each, beside the same
 ``pending`` due rows: the lease is timed without them and with them, parked as the relay leaves
 them. Separately, how long leases take to park such rows the first time (a backlog no relay had
-seen, e.g. after an upgrade) is timed on a fraction of them.
+seen, e.g. after an upgrade) is timed on a fraction of them. And how soon other messages are
+leased beside such a backlog (``held_backlog`` rows behind ``held_backlog_keys`` keys).
 """
 
 from __future__ import annotations
@@ -182,20 +183,72 @@ SET_ASIDE = (
 
 async def time_parking(conn: Any, keys: int, behind: int) -> dict[str, Any]:
     """Leases until ``keys`` times ``behind`` never-seen rows behind held keys are all parked (the
-    unkeyed due rows are set aside meanwhile, so that each lease meets only those)."""
+    unkeyed due rows are set aside meanwhile, 60 days ahead: each lease meets only those)."""
     await conn.execute(HELD, keys, behind, "fresh-")
-    await conn.execute(SET_ASIDE, 1)
+    await conn.execute(SET_ASIDE, 60)
     await conn.execute("ANALYZE outbox_messages")
     leases, started = 0, time.perf_counter()
     while await conn.fetch(LEASE, *LEASE_ARGUMENTS):
         leases += 1
     seconds = time.perf_counter() - started
-    await conn.execute(SET_ASIDE, -1)
+    await conn.execute(SET_ASIDE, -60)
     return {"rows": keys * behind, "leases": leases, "seconds": round(seconds, 3)}
 
 
+OTHERS = """
+INSERT INTO outbox_messages (outbox_message_id, event_type, payload, ordering_key, ordering_seq)
+SELECT gen_random_uuid(), 'OrderPlaced', jsonb_build_object('other', g),
+       CASE WHEN $2 THEN 'other-' || g END,
+       CASE WHEN $2 THEN nextval('outbox_messages_ordering_seq') END
+FROM generate_series(1, $1) AS g
+"""
+
+
+async def time_to_others(conn: Any, keys: int, behind: int, others: int) -> dict[str, Any]:
+    """A backlog no relay has seen, ``keys`` times ``behind`` rows behind held keys, older than
+    ``others`` due messages without a key and as many of other keys: committed leases, as a
+    drain runs them, until every other message is leased. Seconds and leases until the first
+    of them is leased, and until the last of each kind."""
+    await conn.execute("DELETE FROM outbox_messages")
+    await conn.execute(HELD, keys, behind, "backlog-")
+    await conn.execute(OTHERS, others, False)
+    await conn.execute(OTHERS, others, True)
+    await conn.execute("VACUUM ANALYZE outbox_messages")
+    seen: dict[str, float | int] = {}
+    unkeyed = keyed = leases = 0
+    started = time.perf_counter()
+    while unkeyed < others or keyed < others:
+        rows = await conn.fetch(LEASE, *LEASE_ARGUMENTS)
+        leases += 1
+        leased = [row for row in rows if row["lease_token"] is not None]
+        if not rows:
+            raise AssertionError("scale: a lease found nothing before every other message")
+        unkeyed += sum(row["ordering_key"] is None for row in leased)
+        keyed += sum(row["ordering_key"] is not None for row in leased)
+        now = round(time.perf_counter() - started, 3)
+        for name, done in (
+            ("first", unkeyed + keyed > 0),
+            ("all_unkeyed", unkeyed >= others),
+            ("all_keyed", keyed >= others),
+        ):
+            if done and name not in seen:
+                seen[f"{name}_seconds"], seen[f"{name}_leases"] = now, leases
+                seen[name] = True
+    result = {k: v for k, v in seen.items() if not isinstance(v, bool)}
+    result |= {"rows": keys * behind, "keys": keys, "others": others}
+    log(f"scale held backlog: others leased {result}")
+    return result
+
+
 async def measure_held(
-    *, keys: int, behind: int, pending: int, repeats: int, fresh_keys: int
+    *,
+    keys: int,
+    behind: int,
+    pending: int,
+    repeats: int,
+    fresh_keys: int,
+    backlog_keys: int = 1,
+    backlog: int = 1_000_000,
 ) -> dict[str, Any]:
     async with Database("held") as db:
         await db.migrate()
@@ -214,6 +267,7 @@ async def measure_held(
                 must_not_scan_table=True,
             )
             parking = await time_parking(conn, fresh_keys, behind)
+            others = await time_to_others(conn, backlog_keys, backlog // backlog_keys, 100)
         finally:
             await conn.close()
     log(f"scale held keys: parking {parking}")
@@ -224,4 +278,5 @@ async def measure_held(
         "with": held,
         "ratio": round(held["lease_ms_median"] / without["lease_ms_median"], 2),
         "first_parking": parking,
+        "others_beside_backlog": others,
     }

@@ -9,6 +9,7 @@ driver errors are the caller's own.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import re
@@ -164,9 +165,9 @@ _LEASE_TOKEN = LeasedMessage._fields.index("lease_token")
 
 
 class Lease(NamedTuple):
-    """What one lease statement did: the messages it leased, and how many due rows it parked
-    behind their ordering key. Together they are at most the batch size; when they fill it,
-    more may be due."""
+    """What one lease statement did: the messages it leased (at most the batch size), and how
+    many due rows it parked behind their ordering key (those take none of the batch, and may be
+    many more). When together they reach the batch size, more may be due."""
 
     messages: list[LeasedMessage]
     parked: int = 0
@@ -190,7 +191,7 @@ def lease_statement(batch_size: int) -> str:
     plan for the actual limit; that planning was about a twelfth of the server's CPU per message.
     """
     statement = QUERIES["lease_batch"]
-    if statement.count("LIMIT $4") != 1:
+    if "LIMIT $4" not in statement:
         raise ValueError("lease_batch no longer takes its batch size as LIMIT $4")
     return statement.replace("LIMIT $4", f"LIMIT {int(batch_size)}")
 
@@ -218,14 +219,14 @@ async def lease_batch(
         rows = await conn.fetch(lease_statement(batch_size), *arguments)
     else:
         rows = await conn.fetch(QUERIES["lease_batch"], *arguments, batch_size)
-    # A parked message's row has no columns but its id.
+    # The row that counts the parked messages has no other columns.
     leased = [LeasedMessage.from_row(row) for row in rows if row[_LEASE_TOKEN] is not None]
     if not rows:
         return Lease(leased)
     first = rows[0]
     return Lease(
         leased,
-        len(rows) - len(leased),
+        sum(row["parked"] for row in rows if row[_LEASE_TOKEN] is None),
         first["database_now"],
         troubled_endpoints(first["troubled_endpoints"]),
     )
@@ -516,9 +517,14 @@ async def migration_lock(
     """Serialise migrators (a session-level advisory lock), with the bookkeeping table made.
 
     Inside, every statement waits at most ``lock_timeout`` (PostgreSQL's syntax, ``'2s'``) for a
-    lock; the session's own setting is put back afterwards. The advisory lock itself is waited for
-    without one: a migrator queued behind another holds no lock of a table."""
-    await _execute(conn, QUERIES[bookkeeping.lock])
+    lock; the session's own setting is put back afterwards. The advisory lock is tried every
+    0.1 s until taken: no waiter sits in a statement meanwhile (a waiting statement holds a
+    snapshot, which the holder's ``CREATE INDEX CONCURRENTLY`` would wait for), nor holds a lock
+    of a table."""
+    while True:
+        if await _fetchval(conn, QUERIES[bookkeeping.lock]):
+            break
+        await asyncio.sleep(0.1)
     try:
         previous = await _fetchval(conn, QUERIES["show_lock_timeout"])
         await _fetchval(conn, QUERIES["set_lock_timeout"], lock_timeout)
@@ -605,6 +611,11 @@ async def purge_inbox_batch(conn: Connection, older_than_days: int, limit: int) 
 @database_boundary
 async def _execute(conn: Connection, statement: str) -> None:
     await conn.execute(statement)
+
+
+@database_boundary
+async def _fetchval(conn: Connection, statement: str) -> Any:
+    return await conn.fetchval(statement)
 
 
 class BreakerSeen(NamedTuple):

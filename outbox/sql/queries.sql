@@ -48,10 +48,17 @@ RETURNING webhook_id;
 -- A keyed row is due only when no earlier row with its key is still waiting; one that waits
 -- behind a message that is not being delivered (Pending, or Failed where that holds the key) is
 -- parked instead (next_attempt_at = 'infinity'), so no later lease reads it again until the
--- message before it is done. One row per leased message,
--- and one without columns (lease_token NULL) per parked one.
+-- message before it is done, and so are the rows queued behind it in its key, in bulk. Parking
+-- takes none of the batch: when the scan met rows to park, the batch is filled from the due
+-- rows without a key (their own index), however many rows wait behind held keys.
+-- One row per leased message, and one without columns (lease_token NULL) giving the number of
+-- rows parked, if any.
 WITH due AS (
-    SELECT m.outbox_message_id, before.outbox_message_id AS waits_for
+    SELECT m.outbox_message_id, m.ordering_key, m.ordering_seq, m.created_at,
+           (CASE WHEN m.status = 'Processing'
+                 THEN COALESCE(m.lease_expires_at, '-infinity'::timestamptz)
+                 ELSE m.next_attempt_at END) AS due_at,
+           before.outbox_message_id AS waits_for
     FROM outbox_messages AS m
     LEFT JOIN LATERAL (
         -- The nearest earlier message of its key that is still in the way (ordering index).
@@ -80,6 +87,37 @@ WITH due AS (
     FOR UPDATE OF m SKIP LOCKED
     LIMIT $4
 ),
+free AS (
+    -- Only when the scan above met rows to park (a one-time check, else never read): the due
+    -- rows without a key, from their own index (outbox_messages_due_unkeyed_idx), which rows
+    -- behind held keys, however many and however old, never enter.
+    SELECT m.outbox_message_id, m.created_at,
+           (CASE WHEN m.status = 'Processing'
+                 THEN COALESCE(m.lease_expires_at, '-infinity'::timestamptz)
+                 ELSE m.next_attempt_at END) AS due_at
+    FROM outbox_messages AS m
+    WHERE EXISTS (SELECT 1 FROM due WHERE due.waits_for IS NOT NULL)
+      AND m.ordering_key IS NULL
+      AND m.status IN ('Pending', 'Processing')
+      AND (CASE WHEN m.status = 'Processing'
+                THEN COALESCE(m.lease_expires_at, '-infinity'::timestamptz)
+                ELSE m.next_attempt_at END) <= now()
+    ORDER BY (CASE WHEN m.status = 'Processing'
+                   THEN COALESCE(m.lease_expires_at, '-infinity'::timestamptz)
+                   ELSE m.next_attempt_at END),
+             m.created_at
+    FOR UPDATE OF m SKIP LOCKED
+    LIMIT $4
+),
+batch AS (
+    -- The messages leased: the first of those free to go, in due order.
+    SELECT c.outbox_message_id
+    FROM (SELECT outbox_message_id, due_at, created_at FROM due WHERE waits_for IS NULL
+          UNION
+          SELECT outbox_message_id, due_at, created_at FROM free) AS c
+    ORDER BY c.due_at, c.created_at
+    LIMIT $4
+),
 holding AS (
     -- The messages the parked rows wait behind, locked and checked again at their latest
     -- version: none of them can move on (be leased, requeued, purged) before the parking
@@ -91,13 +129,62 @@ holding AS (
       AND (e.status = 'Pending' OR (e.status = 'Failed' AND $2::bool))
     FOR SHARE OF e SKIP LOCKED
 ),
+waiting AS (
+    SELECT due.outbox_message_id, due.ordering_key, due.ordering_seq
+    FROM due
+    JOIN holding ON holding.outbox_message_id = due.waits_for
+),
+held_keys AS (
+    -- Each key with a row parked here, its last such row, and how many keys share the bulk.
+    SELECT ordering_key, max(ordering_seq) AS after_seq, count(*) OVER () AS keys
+    FROM waiting
+    GROUP BY ordering_key
+),
+behind AS (
+    -- The next rows of each such key (ordering index), at most 10,000 in all: those queued up
+    -- to the first that is not Pending and due (in flight, failed, backing off, parked) wait
+    -- behind the row parked here.
+    SELECT b.outbox_message_id, b.ordering_key, b.ordering_seq,
+           bool_and(b.queued) OVER (PARTITION BY b.ordering_key ORDER BY b.ordering_seq)
+               AS queued
+    FROM held_keys AS h
+    CROSS JOIN LATERAL (
+        SELECT e.outbox_message_id, e.ordering_key, e.ordering_seq,
+               e.status = 'Pending' AND e.next_attempt_at <= now() AS queued
+        FROM outbox_messages AS e
+        WHERE e.ordering_key = h.ordering_key
+          AND e.ordering_seq > h.after_seq
+          AND e.status <> 'Processed'
+        ORDER BY e.ordering_seq
+        LIMIT 10000 / h.keys
+    ) AS b
+),
+bulk AS (
+    -- Locked as the due rows are, at their latest version: one locked elsewhere, or changed
+    -- meanwhile, ends its key's run (below), so every row parked here waits behind one this
+    -- lease holds.
+    SELECT e.outbox_message_id
+    FROM outbox_messages AS e
+    WHERE e.outbox_message_id = ANY (ARRAY(SELECT outbox_message_id FROM behind WHERE queued))
+      AND e.status = 'Pending'
+      AND e.next_attempt_at <= now()
+    FOR UPDATE OF e SKIP LOCKED
+),
+run AS (
+    SELECT b.outbox_message_id,
+           bool_and(l.outbox_message_id IS NOT NULL)
+               OVER (PARTITION BY b.ordering_key ORDER BY b.ordering_seq) AS unbroken
+    FROM behind AS b
+    LEFT JOIN bulk AS l ON l.outbox_message_id = b.outbox_message_id
+    WHERE b.queued
+),
 parked AS (
     UPDATE outbox_messages AS m
     SET next_attempt_at = 'infinity'
     WHERE m.outbox_message_id = ANY (ARRAY(
-        SELECT due.outbox_message_id
-        FROM due
-        JOIN holding ON holding.outbox_message_id = due.waits_for))
+        SELECT outbox_message_id FROM waiting
+        UNION ALL
+        SELECT outbox_message_id FROM run WHERE unbroken))
     RETURNING m.outbox_message_id
 ),
 leased AS (
@@ -108,9 +195,7 @@ leased AS (
         lease_expires_at = now() + make_interval(secs => $1),
         next_attempt_at = now() + make_interval(secs => $1),
         lease_token = gen_random_uuid()
-    FROM due
-    WHERE m.outbox_message_id = due.outbox_message_id
-      AND due.waits_for IS NULL
+    WHERE m.outbox_message_id = ANY (ARRAY(SELECT outbox_message_id FROM batch))
     RETURNING m.outbox_message_id, m.event_type, m.payload::text AS payload_text,
               m.attempt_count, m.lease_token, m.created_at, m.ordering_key,
               m.endpoint_state::text AS endpoint_state, m.trace_context::text AS trace_context
@@ -126,7 +211,7 @@ troubled AS (
     WHERE consecutive_failures > 0 OR reopen_at IS NOT NULL
 )
 -- The payload is turned into text once per row (RETURNING cannot share an expression). The
--- leased rows, then the parked ones (no row is both); the clock and the breakers are read once.
+-- leased rows, then the count of parked ones; the clock and the breakers are read once.
 SELECT leased.outbox_message_id, leased.event_type,
        CASE WHEN octet_length(leased.payload_text) <= $3 THEN leased.payload_text END AS payload,
        octet_length(leased.payload_text) AS payload_bytes,
@@ -139,12 +224,14 @@ SELECT leased.outbox_message_id, leased.event_type,
             THEN json_build_object('outbox_oversize_chars', length(leased.trace_context))::text
        END AS trace_context,
        (SELECT endpoints FROM troubled) AS troubled_endpoints,
-       (SELECT extract(epoch FROM now())::float8) AS database_now
+       (SELECT extract(epoch FROM now())::float8) AS database_now,
+       NULL::bigint AS parked
 FROM leased
 UNION ALL
-SELECT parked.outbox_message_id, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-       (SELECT endpoints FROM troubled), (SELECT extract(epoch FROM now())::float8)
-FROM parked;
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+       (SELECT endpoints FROM troubled), (SELECT extract(epoch FROM now())::float8), p.parked
+FROM (SELECT count(*) AS parked FROM parked) AS p
+WHERE p.parked > 0;
 
 -- record_outcomes --
 -- Write a whole batch of outcomes and their attempt history in one statement. $1…$7 are arrays
@@ -462,9 +549,11 @@ SELECT
 -- is kept. Each filter applies when it is not NULL: $1 ids, $2 event type, $3/$4 created_at range
 -- [from, to), $8 an endpoint (its failures only; a row that keeps no endpoint state failed at
 -- its single endpoint, named after its event type). Batches go in (created_at, id) order: $5/$6 the
--- last row of the batch before (NULL for the first), $7 the batch size. Only endpoints that
--- failed are sent it again ($8's alone, when given); those that got it are not. Returns the rows
--- it requeued, in that order.
+-- last row of the batch before (NULL for the first), $7 the batch size; each starts where the
+-- last one ended in outbox_messages_failed_order_idx, whatever number of rows share a created_at
+-- (the condition holds for the first batch too, so it is always the index's bound). Only
+-- endpoints that failed are sent it again ($8's alone, when given); those that got it are not.
+-- Returns the rows it requeued, in that order.
 WITH batch AS (
     SELECT outbox_message_id
     FROM outbox_messages
@@ -475,7 +564,9 @@ WITH batch AS (
       AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
       AND ($8::text IS NULL OR endpoint_state -> $8::text ->> 'status' = 'Failed'
            OR (endpoint_state IS NULL AND event_type = $8::text))
-      AND ($5::timestamptz IS NULL OR (created_at, outbox_message_id) > ($5, $6::uuid))
+      AND (created_at, outbox_message_id)
+          > (COALESCE($5::timestamptz, '-infinity'),
+             COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
     ORDER BY created_at, outbox_message_id
     LIMIT $7
     FOR UPDATE
@@ -494,8 +585,8 @@ SET status = 'Pending',
                         THEN jsonb_build_object('status', 'Pending', 'attempts', 0)
                         ELSE e.state END)
         FROM jsonb_each(m.endpoint_state) AS e(name, state))
-FROM batch
-WHERE m.outbox_message_id = batch.outbox_message_id
+-- (Ids as an array: joined to the CTE, the table could be read whole for each batch.)
+WHERE m.outbox_message_id = ANY (ARRAY(SELECT outbox_message_id FROM batch))
 RETURNING m.outbox_message_id, m.created_at;
 
 -- count_failed --
@@ -581,8 +672,10 @@ CREATE TABLE IF NOT EXISTS outbox_migrations (
 );
 
 -- lock_migrations --
--- Serialise concurrent migrators for the whole session (released by unlock_migrations)
-SELECT pg_advisory_lock(hashtext('outbox_migrations'));
+-- Serialise concurrent migrators for the whole session (released by unlock_migrations): true if
+-- this session took the lock. Tried, not waited for: a migrator waiting inside a statement
+-- would hold a snapshot that CREATE INDEX CONCURRENTLY, run by the holder, waits for.
+SELECT pg_try_advisory_lock(hashtext('outbox_migrations'));
 
 -- unlock_migrations --
 -- Release the migrators' lock
@@ -649,8 +742,9 @@ CREATE TABLE IF NOT EXISTS outbox_inbox_migrations (
 );
 
 -- lock_inbox_migrations --
--- Serialise concurrent inbox migrators for the whole session (a key of their own)
-SELECT pg_advisory_lock(hashtext('outbox_inbox_migrations'));
+-- Serialise concurrent inbox migrators for the whole session (a key of their own), as
+-- lock_migrations does: true if this session took the lock.
+SELECT pg_try_advisory_lock(hashtext('outbox_inbox_migrations'));
 
 -- unlock_inbox_migrations --
 -- Release the inbox migrators' lock

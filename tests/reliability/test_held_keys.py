@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 import outbox
-from outbox import operations
+from outbox import operations, store
 from tests.support.outbox_helpers import statuses
 from tests.support.receiver import Received, Receiver, Reply
 from tests.support.relay_process import RelayProcess, relay_env
@@ -93,3 +93,45 @@ async def test_racing_relays_keep_each_key_in_order_and_strand_nothing_behind_he
     assert all(answers.accepted[key] == set(range(PER_KEY)) for key in range(KEYS))
     # The failures really happened: many messages took more than one attempt.
     assert sum(count > 1 for count in answers.attempts.values()) > KEYS * PER_KEY // 5
+
+
+# A backlog no relay has seen: `behind` Pending rows after each of `keys` Failed heads, older
+# than everything else, so every scan of the due index meets them first.
+HELD_BACKLOG = """
+INSERT INTO outbox_messages (outbox_message_id, event_type, payload, status, attempt_count,
+                             last_error, ordering_key, ordering_seq, created_at, next_attempt_at)
+SELECT gen_random_uuid(), 'OrderCompleted', jsonb_build_object('key', k, 'n', n),
+       CASE WHEN n = 0 THEN 'Failed' ELSE 'Pending' END, CASE WHEN n = 0 THEN 10 ELSE 0 END,
+       CASE WHEN n = 0 THEN 'HTTP 400' END, 'held-' || k,
+       nextval('outbox_messages_ordering_seq'), now() - interval '1 hour',
+       now() - interval '1 hour'
+FROM (SELECT k, n FROM generate_series(1, $1) AS k, generate_series(0, $2) AS n
+      ORDER BY n, k) AS rows
+"""
+HELD_KEYS, HELD_BEHIND = 4, 2_500
+
+
+async def lease(db: Any) -> store.Lease:
+    return await store.lease_batch(db, 100, 60.0, usual_size=100)
+
+
+async def test_messages_beside_a_held_backlog_are_leased_by_the_first_leases(db: Any) -> None:
+    await db.execute(HELD_BACKLOG, HELD_KEYS, HELD_BEHIND)
+    unkeyed, keyed = set(), set()
+    async with db.transaction():
+        for n in range(50):
+            unkeyed.add(await outbox.enqueue(db, "OrderCompleted", {"n": n}))
+            keyed.add(await outbox.enqueue(db, "OrderCompleted", {"n": n}, ordering_key=f"k{n}"))
+    await db.execute("ANALYZE outbox_messages")
+
+    # The first lease takes every message without a key (before: none, it parked 100 held rows
+    # and was full) and parks the whole backlog behind the held keys, however long.
+    first = await lease(db)
+    assert {m.message_id for m in first.messages} == unkeyed
+    assert first.parked == HELD_KEYS * HELD_BEHIND
+    parked = "SELECT count(*) FROM outbox_messages WHERE next_attempt_at = 'infinity'"
+    assert await db.fetchval(parked) == HELD_KEYS * HELD_BEHIND
+    # The next one the messages of other keys, and then nothing is left.
+    second = await lease(db)
+    assert ({m.message_id for m in second.messages}, second.parked) == (keyed, 0)
+    assert (await lease(db)).taken == 0

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 
+from outbox import operations
+from outbox.store import QUERIES
 from tests.support.instrumented_relay import memory_growth_kib
 from tests.support.outbox_helpers import statuses
 from tests.support.relay_process import relay_env, run_relay
@@ -40,3 +42,49 @@ async def test_requeue_of_every_failed_row_keeps_memory_flat(
     assert await statuses(db) == {"Pending": FAILED_ROWS}
     # Fetching every id used to cost about 155 bytes per row (31 MB here); batches cost none.
     assert memory_growth_kib(result.stderr) < 8 * 1024
+
+
+def plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    return [plan, *(node for child in plan.get("Plans", []) for node in plan_nodes(child))]
+
+
+async def test_requeue_pages_rows_sharing_one_created_at_without_sorting_them(db: Any) -> None:
+    # One transaction's rows share one created_at: each batch used to sort every remaining row.
+    rows = 20_000
+    await db.execute(FILL_FAILED.replace("g * interval '1 ms'", "interval '0'"), rows)
+    await db.execute("ANALYZE outbox_messages")
+    middle = await db.fetchrow(
+        "SELECT created_at, outbox_message_id FROM outbox_messages "
+        "ORDER BY created_at, outbox_message_id OFFSET $1 LIMIT 1",
+        rows // 2,
+    )
+    transaction = db.transaction()
+    await transaction.start()
+    try:
+        raw = await db.fetchval(
+            f"EXPLAIN (ANALYZE, FORMAT JSON) {QUERIES['requeue_failed']}",
+            None,
+            None,
+            None,
+            None,
+            *middle,
+            1000,
+            None,
+        )
+    finally:
+        await transaction.rollback()
+    nodes = plan_nodes((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"])
+    assert [n["Node Type"] for n in nodes if "Sort" in n["Node Type"]] == []
+    # The batch's 1,000 rows are the only ones its scan reads (before: the 10,000 after them).
+    examined = sum(
+        n["Actual Rows"] + n.get("Rows Removed by Filter", 0)
+        for n in nodes
+        if n.get("Relation Name") == "outbox_messages"
+        and "Index Name" in n
+        and n["Index Name"] != "outbox_messages_pkey"
+    )
+    assert examined == 1000
+
+    report = await operations.requeue(db, operations.RequeueFilter(all_failed=True), dry_run=False)
+    assert report.requeued == rows
+    assert await statuses(db) == {"Pending": rows}
