@@ -125,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="host this FunctionApp or Blueprint instead of the relay's own functions",
     )
     serve_cmd.add_argument(
+        "--max-connections",
+        type=connection_count,
+        metavar="N",
+        help="open HTTP connections at most (default: a quarter of the descriptor limit, "
+        "at most 1024)",
+    )
+    serve_cmd.add_argument(
         "--uvloop",
         action="store_true",
         help="run on uvloop, a faster event loop (the [uvloop] extra; not on Windows)",
@@ -174,6 +181,17 @@ def positive_days(text: str) -> int:
     if not 1 <= days <= 36500:
         raise argparse.ArgumentTypeError("must be a whole number of days from 1 to 36500")
     return days
+
+
+def connection_count(text: str) -> int:
+    """``serve --max-connections``: a whole number from 1 to 65536."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 65536:
+        raise argparse.ArgumentTypeError("must be a whole number of connections from 1 to 65536")
+    return count
 
 
 def flag_problem(args: argparse.Namespace) -> str | None:
@@ -314,7 +332,9 @@ async def run_serve(settings: Settings, args: argparse.Namespace) -> int:
     from outbox import serve  # noqa: PLC0415
 
     key = settings.function_key.get_secret_value() if settings.function_key else None
-    options = serve.ServeOptions(args.host, args.port, args.host_json, key, args.app)
+    options = serve.ServeOptions(
+        args.host, args.port, args.host_json, key, args.app, args.max_connections
+    )
     await serve.main(options, settings)
     return EXIT_OK
 

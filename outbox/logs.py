@@ -8,6 +8,8 @@ Callers never pass secrets: ids, types, counts, statuses and already-redacted er
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from outbox.telemetry import trace_ids
@@ -38,3 +40,40 @@ def _format(value: Any) -> str:
         text = '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
     # An event type or a receiver's error may hold a newline and a line of its own: escaped.
     return escape_controls(text)
+
+
+class Throttled:
+    """A log line said at most once per ``interval`` seconds: the first occurrence at once, then
+    one line per interval with how many occurred since the last line said.
+
+    For errors that can come thousands of times a second (a full descriptor table, a listening
+    socket that cannot accept): the log stays readable and small whatever their rate."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval: float,
+        *,
+        level: int = logging.WARNING,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._logger = logger
+        self._interval = interval
+        self._level = level
+        self._clock = clock
+        self._said_at: float | None = None
+        self._unsaid = 0
+
+    def __call__(self, text: str) -> bool:
+        """Log ``text`` (and the count of those left unsaid) unless a line was said less than an
+        interval ago; whether it was said."""
+        now = self._clock()
+        said_at = self._said_at
+        if said_at is not None and now - said_at < self._interval:
+            self._unsaid += 1
+            return False
+        if said_at is not None and self._unsaid:
+            text = f"{text} (and {self._unsaid} more in the last {now - said_at:.0f}s)"
+        self._logger.log(self._level, "%s", escape_controls(text))
+        self._said_at, self._unsaid = now, 0
+        return True

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
+import logging
+import os
+import socket
 import time
 from collections.abc import Callable, Mapping, Sequence
 
@@ -12,7 +16,15 @@ from aiohttp.client_reqrep import ClientRequest
 from aiohttp.connector import Connection
 from aiohttp.tracing import Trace
 
-from outbox.models import DeliveryResult, LeasedMessage, Response, TransportError, Undeliverable
+from outbox.logs import Throttled
+from outbox.models import (
+    DeliveryResult,
+    LeasedMessage,
+    NotAttempted,
+    Response,
+    TransportError,
+    Undeliverable,
+)
 from outbox.redact import Redactor
 from outbox.resources import Closeable
 from outbox.settings import Settings, WebhookEndpoint
@@ -25,6 +37,17 @@ MAX_SNIPPET_BYTES = 512
 # otherwise keep its first half. Still never a 50 MB reply.
 REDACTION_SLACK_BYTES = 4096
 USER_AGENT = "outbox-relay/0.1"
+# The relay short of descriptors, memory or buffers: what failed was this process, not the
+# receiver (it was never reached).
+OWN_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+# The relay's own resolver failing (not "no such host", which is the endpoint's URL).
+OWN_RESOLVER_ERRORS = frozenset({socket.EAI_AGAIN, socket.EAI_MEMORY})
+# A delivery the relay could not make for want of its own resources is due again this soon:
+# such shortages pass (an attack on serve's port ends, a burst ends), and no attempt was spent.
+OWN_ERROR_RETRY_SECONDS = 5.0
+OWN_ERROR_LOG_INTERVAL_SECONDS = 60.0
+
+logger = logging.getLogger("outbox.publisher")
 
 
 class FreshConnector(aiohttp.TCPConnector):
@@ -147,6 +170,7 @@ class Publisher(Closeable):
                 self._prepared[key] = _Prepared(endpoint, timeout_seconds, sessions[key])
         self._max_payload_bytes = max_payload_bytes
         self._redact = redact
+        self._own_errors = Throttled(logger, OWN_ERROR_LOG_INTERVAL_SECONDS)
 
     @classmethod
     def from_settings(cls, settings: Settings, clock: Callable[[], float] = time.time) -> Publisher:
@@ -206,9 +230,20 @@ class Publisher(Closeable):
             # reliably; the status and message say what went wrong.
             name = type(exc).__name__
             return TransportError(self._redact(f"{name}: {exc.status}, {exc.message}"), name)
-        except (aiohttp.ClientError, OSError, ValueError) as exc:
+        except (aiohttp.ClientError, OSError, ValueError, MemoryError) as exc:
+            return self._not_answered(exc)
+
+    def _not_answered(self, exc: Exception) -> TransportError | NotAttempted:
+        """A transport error, or, when the relay itself failed (``own_error``), a delivery not
+        attempted: the receiver was never reached, so nothing counts against it."""
+        if (why := own_error(exc)) is None:
             name = type(exc).__name__
             return TransportError(self._redact(f"{name}: {exc}"), name)
+        self._own_errors(
+            f"deliveries not attempted: {why}; retried in {OWN_ERROR_RETRY_SECONDS:g}s "
+            "without spending an attempt or counting against the endpoint's breaker"
+        )
+        return NotAttempted(f"the relay's own error: {why}", OWN_ERROR_RETRY_SECONDS)
 
     async def _post(self, prepared: _Prepared, body: bytes, headers: dict[str, str]) -> Response:
         async with prepared.session.post(
@@ -230,6 +265,24 @@ class Publisher(Closeable):
                 retry_after=response.headers.get("retry-after"),
                 snippet=self._redact(chunk.decode("utf-8", errors="replace"))[:MAX_SNIPPET_BYTES],
             )
+
+
+def own_error(exc: BaseException) -> str | None:
+    """Why ``exc`` is the relay's own failure (out of descriptors or memory, its resolver
+    failing), or None when it may be the endpoint's. Pure: looks at ``exc`` and its causes."""
+    if isinstance(exc, MemoryError):
+        return "out of memory (MemoryError)"
+    seen: BaseException | None = exc
+    for _ in range(8):  # aiohttp wraps the socket's error once or twice; never a long chain
+        if seen is None:
+            return None
+        code = seen.errno if isinstance(seen, OSError) else None
+        if isinstance(seen, socket.gaierror) and code in OWN_RESOLVER_ERRORS:
+            return f"its resolver failed ({seen.strerror})"
+        if code in OWN_ERRNOS and not isinstance(seen, socket.gaierror):
+            return f"{os.strerror(code)} ({errno.errorcode[code]})"
+        seen = getattr(seen, "os_error", None) or seen.__cause__ or seen.__context__
+    return None
 
 
 def json_kind(text: str) -> str:

@@ -31,6 +31,7 @@ import logging
 import os
 import re
 import signal
+import time
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -49,7 +50,16 @@ from azure.storage.queue import QueueMessage as StoredMessage
 from azure.storage.queue.aio import QueueClient
 
 from outbox import functions, runtime, triggers
+from outbox.connections import (
+    ACCEPT_ERROR_LOG_INTERVAL_SECONDS,
+    KEEPALIVE_TIMEOUT_SECONDS,
+    AcceptErrors,
+    Guard,
+    GuardedSite,
+    default_max_connections,
+)
 from outbox.errors import ConfigurationError, describe
+from outbox.logs import Throttled
 from outbox.ncrontab import Schedule
 from outbox.redact import Redactor
 from outbox.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
@@ -58,6 +68,8 @@ from outbox.wakeup import close_queue_client, make_queue_client
 logger = logging.getLogger("outbox.serve")
 
 DEFAULT_PORT = 7071
+# How often serve looks for a wake-up hint it could not send whose time has come.
+UNSENT_HINT_CHECK_SECONDS = 1.0
 # App settings that binding expressions may name, with the value they take when not set.
 SETTING_DEFAULTS = {"OUTBOX_QUEUE_NAME": DEFAULT_QUEUE_NAME}
 _TIMESPAN = re.compile(r"^(\d+):(\d\d):(\d\d(?:\.\d+)?)$")
@@ -282,10 +294,15 @@ async def run_timer(
 
 
 def http_app(
-    bindings: list[Binding], key: str | None, redact: Redactor | None = None
+    bindings: list[Binding],
+    key: str | None,
+    redact: Redactor | None = None,
+    guard: Guard | None = None,
 ) -> web.Application:
-    """``/api/<route>`` for each HTTP-triggered function, with function-key checks."""
-    app = web.Application(client_max_size=1024 * 1024, middlewares=[_json_errors])
+    """``/api/<route>`` for each HTTP-triggered function, with function-key checks (and the
+    connection guard's bookkeeping, when there is one)."""
+    middlewares = [_json_errors] if guard is None else [guard.middleware, _json_errors]
+    app = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
     for binding in bindings:
         handler = _http_handler(binding, key, redact or Redactor([]))
         for method in binding.trigger.get("methods") or ["GET", "POST"]:
@@ -356,17 +373,28 @@ class ServeOptions:
     host_json: Path | None = None  # ./host.json, else the package's
     key: str | None = None
     app: str | None = None  # module:attribute; the relay's own functions by default
+    max_connections: int | None = None  # by default a quarter of the descriptor limit
 
 
 async def start_http(
     bindings: list[Binding], options: ServeOptions, redact: Redactor | None = None
 ) -> web.AppRunner:
-    """The HTTP functions, listening; a port that cannot be had is said plainly."""
-    app = http_app(bindings, options.key, redact)
-    runner = web.AppRunner(app, access_log=None, shutdown_timeout=5)
+    """The HTTP functions, listening behind the connection guard; a port that cannot be had is
+    said plainly."""
+    limit = options.max_connections or default_max_connections()
+
+    def connection() -> asyncio.Protocol:
+        assert runner.server is not None  # set up before the site starts
+        return runner.server()
+
+    guard = Guard(connection, max_connections=limit)
+    app = http_app(bindings, options.key, redact, guard)
+    runner = web.AppRunner(
+        app, access_log=None, shutdown_timeout=5, keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS
+    )
     await runner.setup()
     try:
-        await web.TCPSite(runner, options.host, options.port).start()
+        await GuardedSite(runner, options.host, options.port, guard).start()
     except OSError as exc:
         await runner.cleanup()
         raise ConfigurationError(
@@ -401,20 +429,25 @@ async def serve(
     listeners = [QueueListener(b, queue_settings, queue_options) for b in queued]
     http = [b for b in bindings if b.trigger["type"] == "httpTrigger"]
     redact = failure_redactor(settings)
+    AcceptErrors.install(Throttled(logger, ACCEPT_ERROR_LOG_INTERVAL_SECONDS))
     runner = await start_http(http, options, redact)
     logger.info(
-        "serving %d functions; HTTP on http://%s:%d/api/ (%s; event loop %s)",
+        "serving %d functions; HTTP on http://%s:%d/api/ (%s; at most %d connections; "
+        "event loop %s)",
         len(bindings),
         options.host,
         options.port,
         "function key required"
         if options.key
         else "no OUTBOX_FUNCTION_KEY: keyed routes answer 401",
+        options.max_connections or default_max_connections(),
         type(asyncio.get_running_loop()).__module__.split(".")[0],
     )
     tasks = [asyncio.create_task(listener.run(stopping)) for listener in listeners]
     # What waited while no relay ran is taken now, not at the first hint or sweep.
     tasks.append(asyncio.create_task(_drain_at_startup(redact)))
+    if queued:
+        tasks.append(asyncio.create_task(_drain_for_unsent_hints(stopping, redact)))
     tasks += [
         asyncio.create_task(run_timer(b, stopping, redact))
         for b in bindings
@@ -438,6 +471,22 @@ async def _drain_at_startup(redact: Redactor) -> None:
         await triggers.on_startup()
     except Exception as exc:  # noqa: BLE001 - like a timer's failure: logged, the rest serves on
         logger.error("start-up drain failed: %s", redact(describe(exc)))
+
+
+async def _drain_for_unsent_hints(stopping: asyncio.Event, redact: Redactor) -> None:
+    """A run in place of each wake-up hint the relay could not send (the queue unreachable, the
+    process out of descriptors), when that hint would have woken one: what comes due is
+    delivered within seconds of the trouble ending, not at the next sweep."""
+    while not stopping.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), UNSENT_HINT_CHECK_SECONDS)
+            return
+        try:
+            relay = await runtime.shared_relay()
+            if relay.wakeups is not None and relay.wakeups.take_unsent(time.monotonic()):
+                await triggers.drain("unsent-hint", until_caught_up=True)
+        except Exception as exc:  # noqa: BLE001 - like a timer's failure: the next check tries
+            logger.error("drain for an unsent hint failed: %s", redact(describe(exc)))
 
 
 def install_stop_signals(stopping: asyncio.Event) -> None:

@@ -12,8 +12,9 @@ handles what is due and schedules the next.
 After a run that gave messages back at its end (its budget spent, the relay stopping) one hint
 is sent at once, so that another drain takes them; after a run that ended on a database error,
 one in 30 s, so that a database that comes back is drained within a minute. A hint that cannot
-be sent is a warning, never the run's error: the sweep still finds the row. Where no queue is
-configured nothing is sent.
+be sent is a warning, never the run's error: the sweep still finds the row, and a host that
+lives on (``outbox serve``) runs a drain of its own when the hint would have woken one
+(``take_unsent``). Where no queue is configured nothing is sent.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ class WakeUps(Closeable):
         self._queue: WakeUpQueue | None = None
         # When each delayed hint this process sent becomes visible (monotonic), until then.
         self._scheduled: list[float] = []
+        # When the earliest hint that could not be sent would have woken a run (monotonic).
+        self._unsent: float | None = None
 
     async def after_run(self, pool: store.Connection, summary: DrainSummary) -> None:
         """Wake the next run when it is needed: now, after a database error, or when the next
@@ -67,7 +70,10 @@ class WakeUps(Closeable):
 
     async def wake_now(self) -> bool:
         """One hint, visible at once (requeued messages, messages given back)."""
-        return await self._queue_client().notify()
+        sent = await self._queue_client().notify()
+        if not sent:
+            self._owe(time.monotonic())
+        return sent
 
     async def wake_in(self, seconds: float) -> bool:
         """One hint visible in ``seconds`` (rounded up to whole seconds, at least one), unless
@@ -80,7 +86,20 @@ class WakeUps(Closeable):
         sent = await self._queue_client().notify(delay_seconds=delay)
         if sent:
             self._scheduled.append(now + delay)
+        else:
+            self._owe(now + delay)
         return sent
+
+    def take_unsent(self, now: float) -> bool:
+        """Whether a hint that could not be sent would have woken a run by ``now`` (monotonic);
+        forgotten once told (the run it stands for schedules the next)."""
+        if self._unsent is None or self._unsent > now:
+            return False
+        self._unsent = None
+        return True
+
+    def _owe(self, at: float) -> None:
+        self._unsent = at if self._unsent is None else min(self._unsent, at)
 
     def _queue_client(self) -> WakeUpQueue:
         if self._queue is None:

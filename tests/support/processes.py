@@ -8,6 +8,7 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,8 +24,14 @@ class Child:
 
     @classmethod
     async def start(
-        cls, *args: str, env: dict[str, str], python: str = sys.executable, cwd: Path = ROOT
+        cls,
+        *args: str,
+        env: dict[str, str],
+        python: str = sys.executable,
+        cwd: Path = ROOT,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> Child:
+        """``preexec_fn``: run in the child before it starts (to lower its limits, say)."""
         process = await asyncio.create_subprocess_exec(
             python,
             "-m",
@@ -33,6 +40,7 @@ class Child:
             env={"PATH": os.environ["PATH"], **env},
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
+            preexec_fn=preexec_fn,  # only setrlimit: safe before exec
         )
         return cls(process)
 
