@@ -465,7 +465,7 @@ class OutboxProcessor:
         if not skip or not slots.unknown(skipped):
             return [], 0
         # What waits for the blocked endpoints does not take the slots the lease is for.
-        others = self._admission.waiting - sum(slots.waiting.get(key, 0) for key in skipped)
+        others = max(0, self._admission.waiting - sum(slots.waiting.get(k, 0) for k in skipped))
         window = self._start_window(run, time.monotonic())
         size = self._admission.room(window, self._settings.batch_size, waiting=others)
         return (skip, size) if size else ([], 0)
