@@ -64,8 +64,6 @@ MAX_BATCHES_IN_FLIGHT = 2
 # next lease, so a slow commit does not leave the HTTP slots idle; this bounds them.
 MAX_BATCHES_OPEN = 2 * MAX_BATCHES_IN_FLIGHT
 NOT_SENT = "run interrupted before this message was sent"
-# How long an endpoint a lease found nothing due for counts as having none (``_EndpointSlots``).
-QUIET_SECONDS = 1.0
 # Outcome writes are retried this often (the pool replaces a dropped connection in between).
 RECORD_RETRY_DELAYS = (0.2, 1.0, 3.0)
 Deliver = Callable[[LeasedMessage, WebhookEndpoint], Awaitable[DeliveryResult]]
@@ -222,7 +220,8 @@ class _EndpointSlots:
 
     The fair share is ``ceil(slots / endpoints contending)``. An endpoint contends while
     deliveries to it wait here, or while it may have due messages the process has not leased:
-    until a lease finds none for it (it is then quiet for ``QUIET_SECONDS``). So an endpoint goes
+    until a lease comes back short without one for it (it is then quiet until a lease comes back
+    full: more may be due than it read). So an endpoint goes
     beyond its share only once the others are known to have nothing due; a dead endpoint's first
     batch takes half the slots beside one other endpoint, not all of them."""
 
@@ -233,7 +232,7 @@ class _EndpointSlots:
         self._least = math.ceil(slots / max(len(caps), 1))
         self._in_flight: dict[Key, int] = {}
         self.waiting: dict[Key, int] = {}  # deliveries queued in every run's dispatch
-        self._quiet: dict[Key, float] = {}  # a lease found nothing due for it, until (monotonic)
+        self._quiet: set[Key] = set()  # the last short lease found nothing due for them
         self.listeners: set[_Dispatch] = set()
 
     def has_room(self, key: Key) -> bool:
@@ -244,11 +243,10 @@ class _EndpointSlots:
         return in_flight < self._least or in_flight < self._share(key)
 
     def _share(self, key: Key) -> int:
-        now = time.monotonic()
         others = sum(
             1
             for other in self._caps
-            if other != key and (self.waiting.get(other) or self._quiet.get(other, 0.0) <= now)
+            if other != key and (self.waiting.get(other) or other not in self._quiet)
         )
         return math.ceil(self._slots / (others + 1))
 
@@ -259,25 +257,26 @@ class _EndpointSlots:
     def unknown(self, skipped: set[Key]) -> bool:
         """Whether an endpoint not in ``skipped`` may have due messages this process has not
         leased (none of its deliveries waits here, and no lease has found it quiet lately)."""
-        now = time.monotonic()
         return any(
-            key not in skipped and not self.waiting.get(key) and self._quiet.get(key, 0.0) <= now
+            key not in skipped and not self.waiting.get(key) and key not in self._quiet
             for key in self._caps
         )
 
     def leased(self, keys: set[Key], looked_at: set[Key] | None) -> None:
         """A lease that came back short found nothing more due for the endpoints it
-        ``looked_at`` (None: every endpoint) but ``keys``: they are quiet for a while."""
-        until = time.monotonic() + QUIET_SECONDS
-        for key in self._caps if looked_at is None else looked_at:
-            if key not in keys:
-                self._quiet[key] = until
+        ``looked_at`` (None: every endpoint) but ``keys``: they are quiet."""
+        self._quiet.update((self._caps.keys() if looked_at is None else looked_at) - keys)
         for dispatch in self.listeners:  # the others' shares may have grown
             dispatch.wake()
 
     def found(self, key: Key) -> None:
         """A lease found a message for ``key``."""
-        self._quiet.pop(key, None)
+        self._quiet.discard(key)
+
+    def unsure(self) -> None:
+        """A lease came back full without reading past anything: any endpoint may have more due
+        (the run's next lease reads past those at their share, if any is)."""
+        self._quiet.clear()
 
     def take(self, key: Key) -> None:
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
@@ -481,7 +480,9 @@ class OutboxProcessor:
         }
         for key in found:
             slots.found(key)
-        if lease.taken < size:
+        if lease.taken >= size and not skip:
+            slots.unsure()
+        elif lease.taken < size:
             looked = (
                 None
                 if not skip
