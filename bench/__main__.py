@@ -9,6 +9,8 @@ Figures, each repeated and reported as a median:
   waiting behind 1,000 held ordering keys;
 - memory: the relay's peak RSS draining a 100k backlog;
 - isolation: 200 messages for a healthy endpoint behind 1,000 for one that never answers;
+- beside: 500 for a healthy endpoint beside 5,000 for a blackholed one (timeout 10 s): the healthy
+  endpoint's time against its time alone, per round (its fair share of the slots; target <= 3x);
 - scaleout: a 100k backlog drained by one relay, then by 8 racing: the database's WAL and CPU per
   message, and the slowest lease;
 - fanout: the database's cost per delivery with two endpoints per event type against one;
@@ -37,6 +39,7 @@ PHASES = (
     "scale",
     "memory",
     "isolation",
+    "beside",
     "scaleout",
     "fanout",
     "instructions",
@@ -61,6 +64,10 @@ SMOKE = {
     "isolation_healthy": 20,
     "isolation_timeout": 1.0,
     "isolation_runs": 1,
+    "beside_dead": 50,
+    "beside_healthy": 20,
+    "beside_timeout": 1.0,
+    "beside_runs": 1,
     "scaleout_messages": 2_000,
     "scaleout_relays": 3,
     "scaleout_runs": 1,
@@ -98,6 +105,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--isolation-healthy", type=int, default=200, help="messages for the healthy one")
     add("--isolation-timeout", type=float, default=3.0, help="HTTP timeout, seconds")
     add("--isolation-runs", type=int, default=3)
+    add("--beside-dead", type=int, default=5_000, help="messages for the blackholed endpoint")
+    add("--beside-healthy", type=int, default=500, help="messages for the healthy one beside it")
+    add("--beside-timeout", type=float, default=10.0, help="HTTP timeout, seconds")
+    add("--beside-runs", type=int, default=3, help="rounds (alone, then beside)")
     add("--scaleout-messages", type=int, default=100_000, help="the scale-out backlog")
     add("--scaleout-relays", type=int, default=8, help="relay processes racing over it")
     add("--scaleout-runs", type=int, default=3)
@@ -154,6 +165,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 healthy=args.isolation_healthy,
                 http_timeout=args.isolation_timeout,
                 runs=args.isolation_runs,
+                concurrency=args.concurrency,
+            )
+        if "beside" not in skip:
+            results["beside"] = await isolation.measure_beside(
+                receiver,
+                dead=args.beside_dead,
+                healthy=args.beside_healthy,
+                http_timeout=args.beside_timeout,
+                runs=args.beside_runs,
                 concurrency=args.concurrency,
             )
         if "scaleout" not in skip:

@@ -158,3 +158,44 @@ async def measure(
         f"{result['dead_requests_median']} requests"
     )
     return result
+
+
+async def measure_beside(
+    receiver: ReceiverProcess,
+    *,
+    dead: int,
+    healthy: int,
+    http_timeout: float,
+    runs: int,
+    concurrency: int,
+) -> dict[str, Any]:
+    """The healthy endpoint's time beside a blackholed one (no ``max_concurrency``), against its
+    time alone, round by round: the ratio's median and spread (target: at most 3)."""
+    once = functools.partial(
+        run_once, receiver, healthy=healthy, http_timeout=http_timeout, concurrency=concurrency
+    )
+    rounds = []
+    with _quiet():
+        for _ in range(runs):
+            alone = await once(dead=0)
+            beside = await once(dead=dead)
+            ratio = beside["healthy_seconds"] / max(alone["healthy_seconds"], 0.001)
+            rounds.append({"alone": alone, "beside_dead": beside, "ratio": round(ratio, 2)})
+    ratios = [r["ratio"] for r in rounds]
+    result = {
+        "dead": dead,
+        "healthy": healthy,
+        "timeout_seconds": http_timeout,
+        "rounds": rounds,
+        "alone_seconds_median": median([r["alone"]["healthy_seconds"] for r in rounds]),
+        "beside_dead_seconds_median": median([r["beside_dead"]["healthy_seconds"] for r in rounds]),
+        "ratio_median": median(ratios),
+        "ratio_spread": [min(ratios), max(ratios)],
+        "dead_requests_median": median([r["beside_dead"]["dead_requests"] for r in rounds]),
+    }
+    log(
+        f"beside: healthy alone {result['alone_seconds_median']} s, beside a dead endpoint "
+        f"{result['beside_dead_seconds_median']} s; ratio median {result['ratio_median']} "
+        f"(spread {min(ratios)}-{max(ratios)}, target <= 3)"
+    )
+    return result

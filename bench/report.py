@@ -30,6 +30,7 @@ TARGETS = {
     "lease_held_vs_none": 2.0,  # at most
     "relay_peak_rss_mb": 200.0,  # at most
     "healthy_behind_dead_seconds": 12.0,  # at most
+    "healthy_beside_dead_vs_alone": 3.0,  # at most: its time beside a blackholed one ÷ alone
     # Telemetry with no SDK costs at most 3 %: the relay's instructions per message ÷ those of
     # the relay with its telemetry calls removed (a throughput ratio cannot resolve 3 % here).
     "instructions_relay_vs_untraced": 1.03,
@@ -49,6 +50,7 @@ AT_MOST = {
     "lease_held_vs_none",
     "relay_peak_rss_mb",
     "healthy_behind_dead_seconds",
+    "healthy_beside_dead_vs_alone",
 }
 LABELS = {
     "raw": "raw HTTP ceiling",
@@ -257,6 +259,8 @@ def targets(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         found["relay_peak_rss_mb"] = results["memory"]["peak_rss_mb_median"]
     if "isolation" in results:
         found["healthy_behind_dead_seconds"] = results["isolation"]["behind_dead_seconds_median"]
+    if "beside" in results:
+        found["healthy_beside_dead_vs_alone"] = results["beside"]["ratio_median"]
     if "relay_vs_untraced" in results.get("instructions", {}):
         found["instructions_relay_vs_untraced"] = results["instructions"]["relay_vs_untraced"]
     verdicts = {}
@@ -570,5 +574,14 @@ def _lease_lines(doc: dict[str, Any]) -> list[str]:
             f"{iso['alone_seconds_median']:g} / {iso['behind_dead_seconds_median']:g} s; the dead "
             f"endpoint got {iso['dead_requests_median']:g} requests, "
             f"{iso['failed_by_breaker']} failed | |"
+        )
+    if "beside" in doc:
+        side = doc["beside"]
+        low, high = side["ratio_spread"]
+        lines.append(
+            f"| {side['healthy']:,} messages for a healthy endpoint, alone / beside "
+            f"{side['dead']:,} for a blackholed one (timeout {side['timeout_seconds']:g} s) | "
+            f"{side['alone_seconds_median']:g} / {side['beside_dead_seconds_median']:g} s "
+            f"(ratio {side['ratio_median']:g}, spread {low:g}-{high:g}) | <= 3 |"
         )
     return lines

@@ -47,12 +47,14 @@ class Admission:
         else:
             self.pace += PACE_WEIGHT * (seconds - self.pace)
 
-    def room(self, within: float, batch_size: int) -> int:
-        """How many messages to lease now, for slots that must start them ``within`` seconds."""
+    def room(self, within: float, batch_size: int, *, waiting: int | None = None) -> int:
+        """How many messages to lease now, for slots that must start them ``within`` seconds;
+        ``waiting``: what waits for those slots, if not all that waits (``self.waiting``)."""
+        ahead = self.waiting if waiting is None else waiting
         if self.pace is None:  # no request has finished yet: one batch, to learn the pace
-            return 0 if self.waiting else batch_size
+            return 0 if ahead else batch_size
         startable = self.concurrency * within / max(self.pace, MIN_PACE_SECONDS)
-        return max(0, min(batch_size, math.floor(startable) - self.waiting))
+        return max(0, min(batch_size, math.floor(startable) - ahead))
 
     async def wait(self, until: float) -> None:
         """Let some of what waits start (about one request's time), at most ``until``."""

@@ -38,6 +38,7 @@ class _Breaker:
     probing: bool = False  # another relay's probe is out
     probing_here: bool = False  # this process's probe is out: the rest wait for its answer
     changed: float = 0.0  # when this process last changed it (monotonic)
+    writing: int = 0  # its failures being counted in the database now: newer than any lease read
 
 
 SEND, PROBE = "send", "probe"
@@ -59,7 +60,7 @@ class Breakers:
         for item in seen:
             key = (item.event_type, item.endpoint)
             mine = self._known.get(key)
-            if mine is not None and mine.changed > as_of:
+            if mine is not None and (mine.changed > as_of or mine.writing):
                 fresh[key] = mine
                 continue
             opened = None if item.reopen_in is None else now + item.reopen_in
@@ -72,7 +73,9 @@ class Breakers:
                 mine.changed if mine else 0.0,
             )
         for key, mine in self._known.items():
-            if key not in fresh and (mine.changed > as_of or mine.unsaved or mine.probing_here):
+            if key not in fresh and (
+                mine.changed > as_of or mine.unsaved or mine.probing_here or mine.writing
+            ):
                 fresh[key] = mine  # newer than what the lease read, or not written yet
         self._known = fresh
 
@@ -154,6 +157,7 @@ class Breakers:
     ) -> None:
         """Write the failures not yet counted; ``announce``: this process just opened it."""
         failures, breaker.unsaved = breaker.unsaved, 0
+        breaker.writing += 1
         try:
             reopen_in = await store.endpoint_failed(
                 self._pool,
@@ -168,6 +172,8 @@ class Breakers:
             logger.warning("outbox: breaker of %s not saved (%s)", key[1], exc.kind)
             breaker.unsaved += failures
             reopen_in = None
+        finally:
+            breaker.writing -= 1
         breaker.changed = time.monotonic()
         if reopen_in is not None:
             breaker.open_until = time.monotonic() + reopen_in

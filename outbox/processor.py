@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -151,8 +152,15 @@ class _Dispatch:
     while its endpoint has room (``has_room``), so that a slow endpoint's queue never holds a
     loop from the others'."""
 
-    def __init__(self, has_room: Callable[[Key], bool]) -> None:
+    def __init__(
+        self,
+        has_room: Callable[[Key], bool],
+        waiting: dict[Key, int],
+        moot: Callable[[_Delivery], bool],
+    ) -> None:
         self._has_room = has_room
+        self._moot = moot  # whether a delivery will not be sent now (taken whatever the room)
+        self._waiting = waiting  # per endpoint, in every run's dispatch (``_EndpointSlots``)
         self._queues: dict[Key, deque[_Delivery]] = {}
         self._turn: deque[Key] = deque()  # endpoints with deliveries waiting, in turn
         self._changed = asyncio.Event()
@@ -165,6 +173,7 @@ class _Dispatch:
         if not queue:
             self._turn.append(key)
         queue.append(delivery)
+        self._waiting[key] = self._waiting.get(key, 0) + 1
         self._changed.set()
 
     def wake(self) -> None:
@@ -178,7 +187,7 @@ class _Dispatch:
         for _ in range(len(self._turn)):
             key = self._turn[0]
             self._turn.rotate(-1)
-            if self._has_room(key):
+            if self._has_room(key) or self._moot(self._queues[key][0]):
                 return self._pop(key)
         return None
 
@@ -192,25 +201,82 @@ class _Dispatch:
     def _pop(self, key: Key) -> _Delivery:
         queue = self._queues[key]
         delivery = queue.popleft()
+        self._waiting[key] -= 1
         if not queue:
             self._turn.remove(key)
         return delivery
 
+    def clear(self) -> None:
+        """The run is over: what still waits here is not counted as waiting any more."""
+        for key, queue in self._queues.items():
+            self._waiting[key] -= len(queue)
+            queue.clear()
+        self._turn.clear()
+
 
 class _EndpointSlots:
-    """Requests in flight per endpoint in this process, against each one's max_concurrency."""
+    """Per endpoint in this process: requests in flight, deliveries waiting for a loop, and its
+    room: its ``max_concurrency``, and its fair share of the slots while others have work.
 
-    def __init__(self) -> None:
+    The fair share is ``ceil(slots / endpoints contending)``. An endpoint contends while
+    deliveries to it wait here, or while it may have due messages the process has not leased:
+    until a lease comes back short without one for it (it is then quiet until a lease comes back
+    full: more may be due than it read). So an endpoint goes
+    beyond its share only once the others are known to have nothing due; a dead endpoint's first
+    batch takes half the slots beside one other endpoint, not all of them."""
+
+    def __init__(self, slots: int, caps: dict[Key, int | None]) -> None:
+        self._slots = slots
+        self._caps = caps
+        # Below this, every endpoint has room (the share were every endpoint contending).
+        self._least = math.ceil(slots / max(len(caps), 1))
         self._in_flight: dict[Key, int] = {}
-        self._caps: dict[Key, int | None] = {}
+        self.waiting: dict[Key, int] = {}  # deliveries queued in every run's dispatch
+        self._quiet: set[Key] = set()  # the last short lease found nothing due for them
         self.listeners: set[_Dispatch] = set()
 
-    def limit(self, key: Key, cap: int | None) -> None:
-        self._caps[key] = cap
-
     def has_room(self, key: Key) -> bool:
+        in_flight = self._in_flight.get(key, 0)
         cap = self._caps.get(key)
-        return cap is None or self._in_flight.get(key, 0) < cap
+        if cap is not None and in_flight >= cap:
+            return False
+        return in_flight < self._least or in_flight < self._share(key)
+
+    def _share(self, key: Key) -> int:
+        others = sum(
+            1
+            for other in self._caps
+            if other != key and (self.waiting.get(other) or other not in self._quiet)
+        )
+        return math.ceil(self._slots / (others + 1))
+
+    def blocked(self) -> set[Key]:
+        """The endpoints whose deliveries wait here and cannot start now (at share, at cap)."""
+        return {key for key, count in self.waiting.items() if count and not self.has_room(key)}
+
+    def unknown(self, skipped: set[Key]) -> bool:
+        """Whether an endpoint not in ``skipped`` may have due messages this process has not
+        leased (none of its deliveries waits here, and no lease has found it quiet lately)."""
+        return any(
+            key not in skipped and not self.waiting.get(key) and key not in self._quiet
+            for key in self._caps
+        )
+
+    def leased(self, keys: set[Key], looked_at: set[Key] | None) -> None:
+        """A lease that came back short found nothing more due for the endpoints it
+        ``looked_at`` (None: every endpoint) but ``keys``: they are quiet."""
+        self._quiet.update((self._caps.keys() if looked_at is None else looked_at) - keys)
+        for dispatch in self.listeners:  # the others' shares may have grown
+            dispatch.wake()
+
+    def found(self, key: Key) -> None:
+        """A lease found a message for ``key``."""
+        self._quiet.discard(key)
+
+    def unsure(self) -> None:
+        """A lease came back full without reading past anything: any endpoint may have more due
+        (the run's next lease reads past those at their share, if any is)."""
+        self._quiet.clear()
 
     def take(self, key: Key) -> None:
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
@@ -245,7 +311,6 @@ class OutboxProcessor:
         self._hold = settings.ordering_on_failure == "hold"
         self._stopping = False
         self._endpoints = settings.endpoints
-        self._endpoint_slots = _EndpointSlots()
         self._targets = {
             event_type: tuple(
                 _Target(e, (event_type, _name(e)), e.timeout(settings.http_timeout_seconds))
@@ -253,9 +318,12 @@ class OutboxProcessor:
             )
             for event_type, group in self._endpoints.items()
         }
-        for targets in self._targets.values():
-            for endpoint, key, _ in targets:
-                self._endpoint_slots.limit(key, endpoint.max_concurrency)
+        caps = {
+            key: endpoint.max_concurrency
+            for targets in self._targets.values()
+            for endpoint, key, _ in targets
+        }
+        self._endpoint_slots = _EndpointSlots(settings.concurrency, caps)
         self._breakers = Breakers(pool, self._other_endpoints)
         # Spans and metrics: the API's no-ops unless an OpenTelemetry SDK is configured.
         self._telemetry = telemetry or process_telemetry()
@@ -297,7 +365,7 @@ class OutboxProcessor:
         budget = min(budget_seconds or self._settings.run_budget_seconds, 3600.0)
         run = _Run(summary, started + budget, stop_rule(until_caught_up=until_caught_up))
         batches: set[asyncio.Task[None]] = set()
-        work = _Dispatch(self._has_room)
+        work = _Dispatch(self._has_room, self._endpoint_slots.waiting, self._moot)
         self._endpoint_slots.listeners.add(work)
         loops = [
             asyncio.create_task(self._deliver_loop(work)) for _ in range(self._settings.concurrency)
@@ -322,32 +390,26 @@ class OutboxProcessor:
                     task.cancel()
                 await asyncio.gather(*loops, return_exceptions=True)
                 self._endpoint_slots.listeners.discard(work)
+                work.clear()
                 summary.duration_seconds = time.monotonic() - started
         return summary
 
     async def _drain(self, run: _Run, batches: set[asyncio.Task[None]], work: _Dispatch) -> None:
-        summary = run.summary
         # Batches whose deliveries are still running; each is resolved before its outcome write.
         delivering: set[asyncio.Future[None]] = set()
         loop = asyncio.get_running_loop()
-        while True:
-            if summary.error:
-                return  # an outcome write failed for good: leasing more would only strand rows
-            if self._stopping:
-                summary.stopped_by = "stopped"
-                return
-            if time.monotonic() >= run.deadline:
-                summary.stopped_by = "budget"
-                return
-            size = await self._lease_size(run, delivering, batches)
-            if not size:
+        while not self._ends(run):
+            skip, size = self._look_past(run, batches)
+            if not skip and not (size := await self._lease_size(run, delivering, batches)):
                 continue  # it waited for room: everything above may have changed
             lease_deadline = time.monotonic() + self._settings.lease_seconds
-            lease = await self._lease(size)
+            lease = await self._lease(size, skip)
             if lease.messages:
                 messages = await self._as_tried(lease.messages)
                 batch = _Batch(messages, lease_deadline, run, loop.create_future())
                 self._start(batch, work, delivering, batches)
+            if skip:
+                continue  # it read past some endpoints' messages: it cannot tell if all is done
             if lease.taken < size:
                 if not lease.taken and not batches:
                     return
@@ -356,6 +418,20 @@ class OutboxProcessor:
                 await self._finish(batches)
                 if run.rule.caught_up():
                     return
+
+    def _ends(self, run: _Run) -> bool:
+        """Whether the run leases no more: an outcome write failed for good (leasing more would
+        only strand rows), it is told to stop, or its budget is spent."""
+        summary = run.summary
+        if summary.error:
+            return True
+        if self._stopping:
+            summary.stopped_by = "stopped"
+            return True
+        if time.monotonic() >= run.deadline:
+            summary.stopped_by = "budget"
+            return True
+        return False
 
     async def _lease_size(
         self, run: _Run, delivering: set[asyncio.Future[None]], batches: set[asyncio.Task[None]]
@@ -372,8 +448,57 @@ class OutboxProcessor:
             await self._admission.wait(run.deadline)
         return size
 
-    async def _lease(self, size: int) -> store.Lease:
-        """Lease up to ``size`` messages, counted as waiting from before the statement is sent."""
+    def _look_past(self, run: _Run, batches: set[asyncio.Task[None]]) -> tuple[list[str], int]:
+        """The event types to lease past, and how many messages to lease, when deliveries wait
+        for endpoints that are at their share while others may have due messages not leased
+        yet: their next lease reads past the waiting endpoints' messages; else ``([], 0)``."""
+        slots = self._endpoint_slots
+        blocked = slots.blocked() if len(batches) < MAX_BATCHES_OPEN else ()
+        if not blocked:
+            return [], 0
+        skip = [
+            kind
+            for kind, targets in self._targets.items()
+            if all(t.key in blocked for t in targets)
+        ]
+        skipped = {t.key for kind in skip for t in self._targets[kind]}
+        if not skip or not slots.unknown(skipped):
+            return [], 0
+        # What waits for the blocked endpoints does not take the slots the lease is for.
+        others = max(0, self._admission.waiting - sum(slots.waiting.get(k, 0) for k in skipped))
+        window = self._start_window(run, time.monotonic())
+        size = self._admission.room(window, self._settings.batch_size, waiting=others)
+        return (skip, size) if size else ([], 0)
+
+    def _found(self, lease: store.Lease, size: int, skip: list[str]) -> None:
+        """What a lease tells of the endpoints: those it found messages for contend for the
+        slots; if it came back short, those it looked for and found nothing for are quiet."""
+        slots = self._endpoint_slots
+        found = {
+            t.key
+            for kind in {m.event_type for m in lease.messages}
+            for t in self._targets.get(kind, ())
+        }
+        for key in found:
+            slots.found(key)
+        if lease.taken >= size and not skip:
+            slots.unsure()
+        elif lease.taken < size:
+            looked = (
+                None
+                if not skip
+                else {
+                    t.key
+                    for kind, targets in self._targets.items()
+                    if kind not in skip
+                    for t in targets
+                }
+            )
+            slots.leased(found, looked)
+
+    async def _lease(self, size: int, skip: list[str]) -> store.Lease:
+        """Lease up to ``size`` messages, counted as waiting from before the statement is sent;
+        ``skip``: event types whose messages it reads past (``_look_past``)."""
         self._admission.reserve(size)
         leased = 0
         sent, asked = time.time(), time.monotonic()
@@ -385,8 +510,10 @@ class OutboxProcessor:
                 hold_on_failure=self._hold,
                 max_payload_bytes=self._settings.max_payload_bytes,
                 usual_size=self._settings.batch_size,
+                skip=skip,
             )
             leased = len(lease.messages)
+            self._found(lease, size, skip)
             if lease.database_now is not None:
                 self.clock.observe(lease.database_now, sent, time.time())
             if lease.troubled is not None:
@@ -456,6 +583,10 @@ class OutboxProcessor:
         """Whether a delivery to ``key`` may be taken now: under its max_concurrency, and not
         while this process's probe of its breaker waits for an answer."""
         return self._endpoint_slots.has_room(key) and not self._breakers.holds_back(key)
+
+    def _moot(self, delivery: _Delivery) -> bool:
+        """Whether ``delivery`` will not be sent now: then it need not wait for room."""
+        return self._not_sent_because(delivery, time.monotonic()) is not None
 
     def _other_endpoints(self, key: Key) -> Sequence[str]:
         event_type, name = key

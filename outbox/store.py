@@ -196,6 +196,28 @@ def lease_statement(batch_size: int) -> str:
     return statement.replace("LIMIT $4", f"LIMIT {int(batch_size)}")
 
 
+_DUE_ROWS = "    WHERE m.status IN ('Pending', 'Processing')\n"
+_FREE_ROWS = "      AND m.ordering_key IS NULL\n"
+
+
+@functools.cache
+def lease_past_statement() -> str:
+    """``lease_batch`` reading past the messages of the event types bound as ``$5`` (text[]):
+    its ``due`` takes only the rows of the ``lease_past`` clause, at most 10,000 due rows read."""
+    statement = QUERIES["lease_batch"]
+    if statement.count("WITH due AS (") != 1 or statement.count(_DUE_ROWS) != 1:
+        raise ValueError("lease_batch no longer has the shape lease_past is spliced into")
+    statement = statement.replace("WITH due AS (", f"WITH {QUERIES['lease_past']}\ndue AS (")
+    past = "      AND m.outbox_message_id = ANY (ARRAY(SELECT outbox_message_id FROM past))\n"
+    statement = statement.replace(_DUE_ROWS, _DUE_ROWS + past)
+    # The rows without a key taken beside parked ones ("free") skip the same event types.
+    if statement.count(_FREE_ROWS) != 1:
+        raise ValueError("lease_batch no longer has the shape lease_past is spliced into")
+    return statement.replace(
+        _FREE_ROWS, _FREE_ROWS + "      AND m.event_type <> ALL ($5::text[])\n"
+    )
+
+
 @database_boundary
 async def lease_batch(
     conn: Connection,
@@ -205,6 +227,7 @@ async def lease_batch(
     hold_on_failure: bool = True,
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
     usual_size: int | None = None,
+    skip: Sequence[str] = (),
 ) -> Lease:
     """Claim up to ``batch_size`` due rows for ``lease_seconds``.
 
@@ -213,9 +236,13 @@ async def lease_batch(
     A lease whose ``taken`` is ``batch_size`` may have left more due, even if it leased fewer.
     ``usual_size``: the size most leases ask for (the batch size setting); a lease of that size
     runs ``lease_statement(batch_size)``, which the server plans once per connection.
+    ``skip``: event types whose due messages it reads past (``lease_past_statement``); a lease
+    that skips some and comes back short may have left others due beyond what it read.
     """
     arguments = (lease_seconds, hold_on_failure, max_payload_bytes)
-    if batch_size == usual_size:
+    if skip:
+        rows = await conn.fetch(lease_past_statement(), *arguments, batch_size, list(skip))
+    elif batch_size == usual_size:
         rows = await conn.fetch(lease_statement(batch_size), *arguments)
     else:
         rows = await conn.fetch(QUERIES["lease_batch"], *arguments, batch_size)

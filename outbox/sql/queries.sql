@@ -233,6 +233,28 @@ SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
 FROM (SELECT count(*) AS parked FROM parked) AS p
 WHERE p.parked > 0;
 
+-- lease_past --
+-- Not a statement: lease_batch's "past" clause, for a lease that reads past the messages of some
+-- event types ($5: their endpoints have as much waiting in the relay as they may start now;
+-- store.lease_past_statement). The due rows in lease_batch's order, at most 10,000 of them (what
+-- one lease reads past is bounded), less those of the skipped event types; lease_batch's "due"
+-- then takes only these.
+past AS (
+    SELECT w.outbox_message_id
+    FROM (SELECT p.outbox_message_id, p.event_type
+          FROM outbox_messages AS p
+          WHERE p.status IN ('Pending', 'Processing')
+            AND (CASE WHEN p.status = 'Processing'
+                      THEN COALESCE(p.lease_expires_at, '-infinity'::timestamptz)
+                      ELSE p.next_attempt_at END) <= now()
+          ORDER BY (CASE WHEN p.status = 'Processing'
+                         THEN COALESCE(p.lease_expires_at, '-infinity'::timestamptz)
+                         ELSE p.next_attempt_at END),
+                   p.created_at
+          LIMIT 10000) AS w
+    WHERE w.event_type <> ALL ($5::text[])
+),
+
 -- record_outcomes --
 -- Write a whole batch of outcomes and their attempt history in one statement. $1…$7 are arrays
 -- with one element per message, in the order of store.OutcomeRow; $8…$17 arrays with one

@@ -323,6 +323,8 @@ def statement_name(query: str) -> str:
     for name, statement in store.QUERIES.items():
         if statement == query:
             return name
+    if query == store.lease_past_statement():
+        return "lease_past"
     size = re.search(r"LIMIT (\d+)\n\)", query)
     assert size is not None, query
     assert query == store.lease_statement(int(size[1])), query

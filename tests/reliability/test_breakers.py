@@ -123,6 +123,75 @@ def _noting(times: list[float], request: Received) -> Reply:
     return Reply(200)
 
 
+class HoldingEndpoint:
+    """Reads each request and never answers: counts the requests it holds open at once, and the
+    most it held while ``busy()`` was true."""
+
+    def __init__(self, busy: Any) -> None:
+        self.busy = busy
+        self.open = 0
+        self.closed = 0  # requests the relay gave up on (its timeout)
+        self.most_while_busy = 0
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> HoldingEndpoint:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        return self
+
+    async def stop(self) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/never"
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await reader.readuntil(b"\r\n\r\n")
+        except (ConnectionError, asyncio.IncompleteReadError):
+            writer.close()
+            return
+        self.open += 1
+        if self.busy():
+            self.most_while_busy = max(self.most_while_busy, self.open)
+        try:
+            await reader.read()  # until the relay closes the connection
+        except ConnectionError:
+            pass
+        finally:
+            self.open -= 1
+            self.closed += 1
+            writer.close()
+
+
+async def test_a_dead_endpoint_beside_a_healthy_one_holds_no_more_than_its_share(
+    db: Any, receiver: Receiver, make_settings: Any
+) -> None:
+    healthy = 200
+    delivered: list[int] = []  # per healthy delivery: how many dead requests had ended by then
+    dead = await HoldingEndpoint(lambda: len(delivered) < healthy).start()
+    receiver.responder = lambda _: delivered.append(dead.closed) or Reply(200)
+    try:
+        await seed_many(db, 1000, event_type="Dead")  # before the healthy ones: leased first
+        await seed_many(db, healthy, event_type="OrderCompleted")
+        webhooks = {"Dead": {"url": dead.url()}, "OrderCompleted": {"url": receiver.url("/o")}}
+        settings = make_settings(webhooks=webhooks, http_timeout_seconds=5)
+        async with open_relay(settings) as relay:
+            run = asyncio.create_task(relay.processor.execute(budget_seconds=30))
+            await eventually(lambda: len(delivered) == healthy or dead.closed > 0, timeout=30)
+            relay.processor.stop()
+            await run
+    finally:
+        await dead.stop()
+    # Two endpoints with work: the dead one never held more than half of the 16 slots...
+    assert settings.concurrency == 16
+    assert 0 < dead.most_while_busy <= 8
+    # ...and every healthy message was delivered while its first requests were still open.
+    assert len(delivered) == healthy
+    assert delivered[-1] == 0
+
+
 async def cool_down_over_for_orders(db: Any) -> None:
     """OrderCompleted's breaker open and its cool-down just over: the next delivery probes it."""
     await db.execute(
