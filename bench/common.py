@@ -23,10 +23,10 @@ import asyncpg
 import psutil
 
 import outbox
-from outbox.migrate import migrate
-from outbox.models import LeasedMessage
-from outbox.publisher import build_body
-from outbox.settings import Settings
+from outbox.core.models import LeasedMessage
+from outbox.core.settings import Settings
+from outbox.store.migrate import migrate
+from outbox.transport.publisher import build_body
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENT_TYPE = "OrderPlaced"

@@ -26,7 +26,7 @@ from bench.common import (
     median,
     relay_settings,
 )
-from outbox.runtime import Relay
+from outbox.relay.runtime import Relay
 
 DEAD_TYPE = "DeadEndpoint"
 

@@ -32,9 +32,9 @@ from bench.common import (
     payload,
     percentile,
 )
-from outbox.runtime import Relay
-from outbox.settings import QueueSettings, Settings
-from outbox.wakeup import WakeUpQueue, make_queue_client
+from outbox.core.settings import QueueSettings, Settings
+from outbox.relay.runtime import Relay
+from outbox.transport.wakeup import WakeUpQueue, make_queue_client
 from tests.support.azurite import Azurite
 
 QUEUE_NAME = "outbox-wakeup"

@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from bench.common import Database, log, median
-from outbox.settings import DEFAULT_MAX_PAYLOAD_BYTES
+from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES
 from outbox.store import lease_statement
 
 DUE_INDEX = "outbox_messages_due_idx"

@@ -27,14 +27,14 @@ from opentelemetry.trace import INVALID_SPAN, Span
 
 from bench.common import EVENT_TYPE, SECRET, body, relay_settings
 from outbox import store
-from outbox.cli import run_on_loop
-from outbox.models import LeasedMessage
-from outbox.outcomes import classify
-from outbox.publisher import Publisher, build_body, build_headers, make_session
-from outbox.runtime import Relay
-from outbox.settings import decode_secret
-from outbox.signing import Signer
-from outbox.telemetry import Telemetry
+from outbox.core.models import LeasedMessage
+from outbox.core.outcomes import classify
+from outbox.core.settings import decode_secret
+from outbox.core.signing import Signer
+from outbox.core.telemetry import Telemetry
+from outbox.hosting.cli import run_on_loop
+from outbox.relay.runtime import Relay
+from outbox.transport.publisher import Publisher, build_body, build_headers, make_session
 
 # The seed design's per-row outcome write (one statement per message).
 SEED_RECORD = """
@@ -303,10 +303,10 @@ async def run_hints(args: argparse.Namespace) -> dict[str, Any]:
     """
     from azure.core.exceptions import AzureError, ResourceExistsError
 
-    from outbox import triggers
-    from outbox.runtime import close_shared_relay
-    from outbox.settings import QueueSettings
-    from outbox.wakeup import make_queue_client
+    from outbox.azure import triggers
+    from outbox.core.settings import QueueSettings
+    from outbox.relay.runtime import close_shared_relay
+    from outbox.transport.wakeup import make_queue_client
 
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)

@@ -4,8 +4,7 @@
 code, ``outbox.inbox`` for the receiving service (signature check and duplicate detection).
 """
 
-from outbox import inbox, sync
-from outbox.errors import (
+from outbox.core.errors import (
     ConfigurationError,
     DuplicateMessageError,
     InvalidMessageError,
@@ -13,11 +12,11 @@ from outbox.errors import (
     OutdatedSchemaError,
     TransactionRequiredError,
 )
-from outbox.models import DrainSummary, Status
-from outbox.processor import OutboxProcessor
-from outbox.producer import enqueue, notify, transaction
-from outbox.settings import QueueSettings, Settings
-from outbox.wakeup import WakeUpQueue
+from outbox.core.models import DrainSummary, Status
+from outbox.core.settings import QueueSettings, Settings
+from outbox.producer import enqueue, inbox, notify, sync, transaction
+from outbox.relay.processor import OutboxProcessor
+from outbox.transport.wakeup import WakeUpQueue
 
 __all__ = [
     "ConfigurationError",

@@ -1,5 +1,5 @@
 import sys
 
-from outbox.cli import main
+from outbox.hosting.cli import main
 
 sys.exit(main())

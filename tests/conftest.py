@@ -12,8 +12,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from outbox.runtime import close_shared_relay
-from outbox.settings import QueueSettings, Settings
+from outbox.core.settings import QueueSettings, Settings
+from outbox.relay.runtime import close_shared_relay
 from tests.support import pg
 from tests.support.azurite import Azurite
 from tests.support.receiver import Receiver

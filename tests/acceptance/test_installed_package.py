@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from outbox.migrate import discover
+from outbox.store.migrate import discover
 from tests.support.installed import check
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from outbox.settings import QueueSettings
+from outbox.core.settings import QueueSettings
 from tests.conftest import SECRET
 from tests.support.azure import free_port
 from tests.support.outbox_helpers import eventually, run_cli, seed, statuses

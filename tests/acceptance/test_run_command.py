@@ -18,7 +18,7 @@ import aiohttp
 import asyncpg
 import pytest
 
-from outbox.local import claim
+from outbox.hosting.local import claim
 from tests.support import pg
 from tests.support.azure import free_port
 from tests.support.outbox_helpers import ROOT, run_cli, seed

@@ -16,10 +16,10 @@ import aiohttp
 import pytest
 from azure.storage.queue.aio import QueueClient
 
-from outbox import functions
-from outbox.ncrontab import Schedule
-from outbox.serve import index
-from outbox.settings import QueueSettings
+from outbox.azure import functions
+from outbox.core.settings import QueueSettings
+from outbox.hosting.ncrontab import Schedule
+from outbox.hosting.serve import index
 from tests.conftest import SECRET
 from tests.support.azure import free_port
 from tests.support.outbox_helpers import eventually, run_cli, seed, statuses

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from outbox.migrate import migrate_inbox
+from outbox.store.migrate import migrate_inbox
 from tests.support.drivers import KINDS, Harness
 
 Connect = Callable[..., Awaitable[Harness]]

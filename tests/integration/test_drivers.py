@@ -21,13 +21,13 @@ from sqlalchemy.orm import Session, scoped_session, sessionmaker
 
 import outbox
 import outbox.sync
-from outbox.errors import (
+from outbox.core.errors import (
     DuplicateMessageError,
     InvalidMessageError,
     OutdatedSchemaError,
     TransactionRequiredError,
 )
-from outbox.settings import QueueSettings
+from outbox.core.settings import QueueSettings
 from tests.integration.conftest import Connect
 from tests.support.drivers import IMPLICIT_KINDS, KINDS, sqlalchemy_url
 from tests.support.outbox_helpers import peek_hints

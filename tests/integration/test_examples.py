@@ -23,10 +23,10 @@ import pytest
 from aiohttp import web
 
 from examples import aiohttp_receiver, functions_receiver
-from outbox import serve
-from outbox.migrate import migrate_inbox
-from outbox.settings import Settings, decode_secret
-from outbox.signing import sign
+from outbox.core.settings import Settings, decode_secret
+from outbox.core.signing import sign
+from outbox.hosting import serve
+from outbox.store.migrate import migrate_inbox
 from tests.conftest import SECRET
 from tests.support import pg
 from tests.support.azure import free_port

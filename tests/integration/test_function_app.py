@@ -19,10 +19,10 @@ from azure.functions.timer import TimerRequest
 from azure.storage.queue.aio import QueueClient
 
 import outbox
-from outbox import functions as relay_functions
-from outbox.errors import OutboxError
-from outbox.settings import QueueSettings
-from outbox.wakeup import WakeUpQueue
+from outbox.azure import functions as relay_functions
+from outbox.core.errors import OutboxError
+from outbox.core.settings import QueueSettings
+from outbox.transport.wakeup import WakeUpQueue
 from tests.support import indexing
 from tests.support.azure import free_port
 from tests.support.outbox_helpers import peek_hints, row, seed, statuses, steady_arrivals
@@ -246,7 +246,7 @@ async def test_http_drain_reports_bad_settings_as_500_without_details(
 async def test_clients_are_created_once_per_process_and_reused(
     db: Any, receiver: Receiver, app_env: None
 ) -> None:
-    from outbox.runtime import shared_relay
+    from outbox.relay.runtime import shared_relay
 
     await seed(db)
     await relay_functions.outbox_timer(TimerRequest())

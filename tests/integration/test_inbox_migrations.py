@@ -10,8 +10,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from outbox.errors import MigrationError
-from outbox.migrate import INBOX_MIGRATIONS_DIR, discover, migrate, migrate_inbox
+from outbox.core.errors import MigrationError
+from outbox.store.migrate import INBOX_MIGRATIONS_DIR, discover, migrate, migrate_inbox
 from tests.support import pg
 
 

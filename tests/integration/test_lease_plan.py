@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from outbox.models import LeasedMessage
+from outbox.core.models import LeasedMessage
 from outbox.store import QUERIES, lease_statement
 from tests.support.outbox_helpers import seed
 

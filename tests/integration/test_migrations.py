@@ -8,9 +8,9 @@ from typing import Any
 import asyncpg
 import pytest
 
-from outbox.errors import MigrationError
-from outbox.migrate import MIGRATIONS_DIR, Migration, discover, migrate
+from outbox.core.errors import MigrationError
 from outbox.store import QUERIES
+from outbox.store.migrate import MIGRATIONS_DIR, Migration, discover, migrate
 from tests.support import pg
 
 

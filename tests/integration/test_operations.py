@@ -14,11 +14,13 @@ import azure.functions as func
 import pytest
 from azure.functions.timer import TimerRequest
 
-from outbox import functions, operations, store, triggers
-from outbox.errors import BadRequestError
-from outbox.processor import OutboxProcessor
-from outbox.publisher import Publisher
-from outbox.requests import RequeueFilter
+from outbox import store
+from outbox.azure import functions, triggers
+from outbox.core.errors import BadRequestError
+from outbox.core.requests import RequeueFilter
+from outbox.relay.processor import OutboxProcessor
+from outbox.store import operations
+from outbox.transport.publisher import Publisher
 from tests.conftest import SECRET
 from tests.support.outbox_helpers import open_relay, row, run_cli, seed, statuses
 from tests.support.receiver import Receiver, Reply

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 import outbox
-from outbox import operations
-from outbox.store import QUERIES
+from outbox.store import QUERIES, operations
 from tests.support.outbox_helpers import eventually, open_relay, statuses
 from tests.support.receiver import Received, Receiver, Reply
 

@@ -16,10 +16,10 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 import outbox
 from outbox import store
-from outbox.models import Attempt, Delivered, DrainSummary, Outcome, Recorded, Response, Status
-from outbox.processor import Deliver, OutboxProcessor, shielded
-from outbox.settings import QueueSettings
-from outbox.wakeup import WakeUpQueue
+from outbox.core.models import Attempt, Delivered, DrainSummary, Outcome, Recorded, Response, Status
+from outbox.core.settings import QueueSettings
+from outbox.relay.processor import Deliver, OutboxProcessor, shielded
+from outbox.transport.wakeup import WakeUpQueue
 from tests.conftest import SECRET
 from tests.support.azure import connection_string, free_port
 from tests.support.outbox_helpers import (

@@ -15,15 +15,15 @@ from azure.storage.queue.aio import QueueClient
 from pydantic import BaseModel, ConfigDict
 
 import outbox
-from outbox.errors import (
+from outbox.core.errors import (
     ConfigurationError,
     DuplicateMessageError,
     InvalidMessageError,
     TransactionRequiredError,
 )
-from outbox.producer import stored_size
-from outbox.settings import QueueSettings, Settings
-from outbox.wakeup import WakeUpQueue
+from outbox.core.settings import QueueSettings, Settings
+from outbox.producer.core import stored_size
+from outbox.transport.wakeup import WakeUpQueue
 from tests.support.azure import connection_string, free_port
 from tests.support.outbox_helpers import peek_hints
 

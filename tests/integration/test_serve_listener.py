@@ -10,9 +10,9 @@ from typing import Any
 import azure.functions as func
 from azure.core.exceptions import ResourceExistsError, ServiceRequestError
 
-from outbox.serve import Binding, QueueListener, QueueOptions
-from outbox.settings import QueueSettings
-from outbox.wakeup import make_queue_client
+from outbox.core.settings import QueueSettings
+from outbox.hosting.serve import Binding, QueueListener, QueueOptions
+from outbox.transport.wakeup import make_queue_client
 
 
 async def test_a_storage_error_after_an_invocation_does_not_stop_the_listener(

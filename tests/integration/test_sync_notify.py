@@ -14,7 +14,7 @@ import pytest
 from azure.storage.queue import QueueClient
 
 import outbox.sync
-from outbox.settings import QueueSettings
+from outbox.core.settings import QueueSettings
 from tests.support.azure import connection_string, free_port
 from tests.support.outbox_helpers import peek_hints
 

@@ -15,10 +15,10 @@ import pytest
 from azure.functions.queue import QueueMessage
 from azure.storage.queue.aio import QueueClient
 
-from outbox import functions as relay_functions
-from outbox.serve import Binding, QueueListener, QueueOptions
-from outbox.settings import QueueSettings
-from outbox.wakeup import WakeUpQueue
+from outbox.azure import functions as relay_functions
+from outbox.core.settings import QueueSettings
+from outbox.hosting.serve import Binding, QueueListener, QueueOptions
+from outbox.transport.wakeup import WakeUpQueue
 from tests.support.azure import free_port
 from tests.support.outbox_helpers import (
     eventually,

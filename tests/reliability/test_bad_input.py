@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from outbox import store
-from outbox.outcomes import MAX_ERROR_CHARS
-from outbox.telemetry import MAX_TRACE_CONTEXT_CHARS, OVERSIZE_KEY
+from outbox.core.outcomes import MAX_ERROR_CHARS
+from outbox.core.telemetry import MAX_TRACE_CONTEXT_CHARS, OVERSIZE_KEY
 from tests.support.instrumented_relay import memory_growth_kib
 from tests.support.outbox_helpers import open_relay, row, seed
 from tests.support.receiver import Receiver

@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from outbox import store
-from outbox.breakers import PROBE, THRESHOLD, Breakers
+from outbox.relay.breakers import PROBE, THRESHOLD, Breakers
 from tests.support.outbox_helpers import eventually, open_relay, seed, seed_many, statuses
 from tests.support.raw_server import RawServer
 from tests.support.receiver import Received, Receiver, Reply

@@ -18,11 +18,11 @@ import asyncpg
 import azure.functions as func
 import pytest
 
-from outbox import functions as relay_functions
-from outbox.models import DrainSummary
-from outbox.processor import OutboxProcessor
-from outbox.publisher import Publisher
-from outbox.settings import QueueSettings
+from outbox.azure import functions as relay_functions
+from outbox.core.models import DrainSummary
+from outbox.core.settings import QueueSettings
+from outbox.relay.processor import OutboxProcessor
+from outbox.transport.publisher import Publisher
 from tests.support.azure import free_port
 from tests.support.outbox_helpers import (
     eventually,

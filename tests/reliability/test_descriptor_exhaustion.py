@@ -18,10 +18,10 @@ from typing import Any
 import aiohttp
 import pytest
 
-from outbox.breakers import THRESHOLD
-from outbox.connections import ACCEPT_ERROR_LOG_INTERVAL_SECONDS, HEADER_TIMEOUT_SECONDS
-from outbox.publisher import OWN_ERROR_RETRY_SECONDS
-from outbox.settings import QueueSettings
+from outbox.core.settings import QueueSettings
+from outbox.hosting.connections import ACCEPT_ERROR_LOG_INTERVAL_SECONDS, HEADER_TIMEOUT_SECONDS
+from outbox.relay.breakers import THRESHOLD
+from outbox.transport.publisher import OWN_ERROR_RETRY_SECONDS
 from tests.acceptance.test_serve import clear_of_the_timers
 from tests.support.azure import free_port
 from tests.support.outbox_helpers import eventually, open_relay, run_cli, seed, statuses

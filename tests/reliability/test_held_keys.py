@@ -11,7 +11,8 @@ import asyncpg
 import pytest
 
 import outbox
-from outbox import operations, store
+from outbox import store
+from outbox.store import operations
 from tests.support.outbox_helpers import statuses
 from tests.support.receiver import Received, Receiver, Reply
 from tests.support.relay_process import RelayProcess, relay_env

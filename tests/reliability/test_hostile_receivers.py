@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from outbox.breakers import THRESHOLD
-from outbox.outcomes import MAX_ERROR_CHARS
+from outbox.core.outcomes import MAX_ERROR_CHARS
+from outbox.relay.breakers import THRESHOLD
 from tests.conftest import SECRET
 from tests.support.instrumented_relay import memory_growth_kib
 from tests.support.outbox_helpers import eventually, open_relay, row, seed, statuses

@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 
 import outbox
-from outbox.migrate import LOCK_TIMEOUT_SECONDS, MIGRATIONS_DIR, discover, migrate
+from outbox.store.migrate import LOCK_TIMEOUT_SECONDS, MIGRATIONS_DIR, discover, migrate
 from tests.support import pg
 from tests.support.processes import Child
 

@@ -13,10 +13,10 @@ import pytest
 from azure.functions.timer import TimerRequest
 
 import outbox
-from outbox import functions
-from outbox.runtime import close_shared_relay
-from outbox.settings import QueueSettings
-from outbox.wakeup import WakeUpQueue
+from outbox.azure import functions
+from outbox.core.settings import QueueSettings
+from outbox.relay.runtime import close_shared_relay
+from outbox.transport.wakeup import WakeUpQueue
 from tests.support.azure import DEV_KEY
 from tests.support.azurite import Azurite
 from tests.support.outbox_helpers import row

@@ -21,9 +21,10 @@ import pytest
 from azure.functions.timer import TimerRequest
 
 import outbox
-from outbox import functions, operations
-from outbox.errors import OutboxError
-from outbox.runtime import close_shared_relay
+from outbox.azure import functions
+from outbox.core.errors import OutboxError
+from outbox.relay.runtime import close_shared_relay
+from outbox.store import operations
 from tests.conftest import SECRET
 from tests.support.azure import free_port
 from tests.support.outbox_helpers import open_relay, seed

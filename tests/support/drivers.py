@@ -24,8 +24,8 @@ from sqlalchemy.orm import Session
 import outbox
 import outbox.inbox
 import outbox.sync
-from outbox.settings import QueueSettings
-from outbox.wakeup import WakeUpQueue
+from outbox.core.settings import QueueSettings
+from outbox.transport.wakeup import WakeUpQueue
 
 
 class Harness:

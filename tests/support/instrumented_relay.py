@@ -46,7 +46,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.clock_skew:
         skew_wall_clock(args.clock_skew)
-    from outbox.cli import main as outbox_main  # after the skew: modules bind datetime at import
+    # After the skew: modules bind datetime at import.
+    from outbox.hosting.cli import main as outbox_main
 
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     print(f"{START_RSS}={_memory_kib('VmRSS')}", file=sys.stderr, flush=True)

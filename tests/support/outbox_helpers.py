@@ -19,9 +19,9 @@ import asyncpg
 from azure.core.exceptions import ResourceNotFoundError
 
 import outbox
-from outbox.runtime import Relay
-from outbox.settings import QueueSettings, Settings
-from outbox.wakeup import WakeUpQueue
+from outbox.core.settings import QueueSettings, Settings
+from outbox.relay.runtime import Relay
+from outbox.transport.wakeup import WakeUpQueue
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
-from outbox.migrate import migrate
+from outbox.store.migrate import migrate
 
 ROOT = Path(__file__).resolve().parents[2]
 LOCAL_SERVER_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"

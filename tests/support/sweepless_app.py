@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import azure.functions as func
 
-from outbox.functions import bp
+from outbox.azure.functions import bp
 
 app = func.FunctionApp(http_auth_level=func.AuthLevel.FUNCTION)
 app.register_functions(bp)

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from outbox.admission import Admission, Slots
+from outbox.relay.admission import Admission, Slots
 
 
 def test_before_any_request_finished_one_batch_is_leased_to_learn_the_pace() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import UTC, datetime
 
-from outbox.models import (
+from outbox.core.models import (
     Attempt,
     Delivered,
     EndpointState,
@@ -15,7 +15,7 @@ from outbox.models import (
     Response,
     Status,
 )
-from outbox.outcomes import aggregate, as_tried
+from outbox.core.outcomes import aggregate, as_tried
 
 NOW = datetime(2026, 1, 2, tzinfo=UTC)
 DONE = Outcome(Status.PROCESSED)

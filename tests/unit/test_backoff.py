@@ -5,7 +5,7 @@ from email.utils import format_datetime
 
 import pytest
 
-from outbox.backoff import (
+from outbox.core.backoff import (
     MAX_DELAY_SECONDS,
     backoff_delay,
     parse_retry_after,

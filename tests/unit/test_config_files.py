@@ -10,7 +10,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from outbox.settings import Settings
+from outbox.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT.parent / "shared" / "schemas"
@@ -131,8 +131,8 @@ def test_requirements_are_runtime_only_and_never_the_worker() -> None:
         ("function_app.py", True),
         ("host.json", True),
         ("requirements.txt", True),
-        ("outbox/processor.py", True),
-        ("outbox/sql/queries.sql", True),
+        ("outbox/relay/processor.py", True),
+        ("outbox/store/queries.sql", True),
         ("migrations/0001_create_outbox_messages.sql", True),
         ("tests/conftest.py", False),
         ("tools/package.json", False),
@@ -143,7 +143,7 @@ def test_requirements_are_runtime_only_and_never_the_worker() -> None:
         ("README.md", False),
         (".local/pgdata/PG_VERSION", False),
         # What `pip install .` leaves in the checkout: a publish from it must not ship them.
-        ("build/lib/outbox/processor.py", False),
+        ("build/lib/outbox/relay/processor.py", False),
         ("outbox_relay.egg-info/PKG-INFO", False),
         ("infra/azuredeploy.json", False),
     ],

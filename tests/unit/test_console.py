@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from outbox.console import ProgressFilter
-from outbox.logs import log_event
+from outbox.core.logs import log_event
+from outbox.hosting.console import ProgressFilter
 
 
 class Collect(logging.Handler):
@@ -52,14 +52,15 @@ def test_help_shows_the_docstring_as_laid_out_without_literal_quotes(module: str
         [sys.executable, "-m", module, "--help"], capture_output=True, text=True, check=True
     )
     assert "``" not in done.stdout
-    doc = importlib.import_module("outbox.cli" if module == "outbox" else module).__doc__
+    implementation = {"outbox": "outbox.hosting.cli"}.get(module, f"outbox.hosting.{module[7:]}")
+    doc = importlib.import_module(implementation).__doc__
     first_line = (doc or "").splitlines()[0].replace("``", "")
     assert first_line in done.stdout
 
 
 FOREIGN_RECORD = """
 import logging, sys
-from outbox import console
+from outbox.hosting import console
 getattr(console, sys.argv[1])()
 logging.getLogger("opentelemetry.trace.span").warning(
     "Member doesn't match the w3c identifiers format %s", "congo=t61\\r\\nERROR outbox: FORGED"

@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import json
 
-from outbox.demo_receiver import describe
-from outbox.settings import decode_secret
-from outbox.signing import sign
+from outbox.core.settings import decode_secret
+from outbox.core.signing import sign
+from outbox.hosting.demo_receiver import describe
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 BODY = json.dumps({"id": "m1", "type": "OrderCompleted", "data": {"orderId": 1}}).encode()

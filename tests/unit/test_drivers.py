@@ -8,7 +8,8 @@ import uuid
 import pytest
 from sqlalchemy.dialects import postgresql, sqlite
 
-from outbox import drivers, store
+from outbox import store
+from outbox.producer import drivers
 
 
 def test_placeholders_become_psycopg_names_and_a_repeated_one_keeps_its_name() -> None:

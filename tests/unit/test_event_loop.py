@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from outbox.cli import run_on_loop
-from outbox.errors import ConfigurationError
+from outbox.core.errors import ConfigurationError
+from outbox.hosting.cli import run_on_loop
 
 
 async def loop_module() -> int:

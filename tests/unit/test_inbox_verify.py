@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from outbox.errors import ConfigurationError, InvalidSignature
-from outbox.inbox import WebhookEvent, verify
+from outbox.core.errors import ConfigurationError, InvalidSignature
+from outbox.producer.inbox import WebhookEvent, verify
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # the Standard Webhooks documentation's example
 OTHER = "whsec_QUJDREVGR0hJSktMTU5PUFFSU1RVVldY"

@@ -11,8 +11,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from outbox.settings import DEFAULT_QUEUE_NAME, Settings, env_name
-from outbox.telemetry import Backlog
+from outbox.core.settings import DEFAULT_QUEUE_NAME, Settings, env_name
+from outbox.core.telemetry import Backlog
 from tests.support import arm
 from tests.support.telemetry import Sdk
 

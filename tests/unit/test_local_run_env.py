@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from outbox.local import function_key
-from outbox.runenv import load_run_env, run_env_values, write_run_env
+from outbox.hosting.local import function_key
+from outbox.hosting.runenv import load_run_env, run_env_values, write_run_env
 
 WEBHOOKS = json.dumps({"OrderCompleted": {"url": "http://127.0.0.1:9/x", "secret": None}}, indent=2)
 NAMES = ["OUTBOX_DATABASE_URL", "AzureWebJobsStorage", "OUTBOX_QUEUE_NAME", "OUTBOX_WEBHOOKS"]

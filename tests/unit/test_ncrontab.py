@@ -4,7 +4,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from outbox.ncrontab import Schedule
+from outbox.hosting.ncrontab import Schedule
 
 
 def at(text: str) -> datetime:

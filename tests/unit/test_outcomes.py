@@ -4,8 +4,15 @@ from datetime import UTC, datetime
 
 import pytest
 
-from outbox.models import NotAttempted, Outcome, Response, Status, TransportError, Undeliverable
-from outbox.outcomes import MAX_ERROR_CHARS, attempt_facts, classify, unwell
+from outbox.core.models import (
+    NotAttempted,
+    Outcome,
+    Response,
+    Status,
+    TransportError,
+    Undeliverable,
+)
+from outbox.core.outcomes import MAX_ERROR_CHARS, attempt_facts, classify, unwell
 
 NOW = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 

@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from aiohttp.client_reqrep import ConnectionKey
 
-from outbox.logs import Throttled
-from outbox.publisher import own_error
+from outbox.core.logs import Throttled
+from outbox.transport.publisher import own_error
 
 KEY = ConnectionKey("receiver.example", 443, True, True, None, None, None, None)
 

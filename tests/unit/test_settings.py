@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from outbox.errors import ConfigurationError
-from outbox.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
+from outbox.core.errors import ConfigurationError
+from outbox.core.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 DB = "postgresql://relay:hunter2-db-password@db.example.com:5432/app"
@@ -234,7 +234,7 @@ def test_a_duration_setting_must_be_a_finite_number(env: pytest.MonkeyPatch, val
 
 
 def test_a_malformed_storage_connection_string_is_a_configuration_error() -> None:
-    from outbox.wakeup import make_queue_client
+    from outbox.transport.wakeup import make_queue_client
 
     settings = QueueSettings.load(queue_connection="AccountKey=s3cr3t;garbage")
     with pytest.raises(ConfigurationError, match="AzureWebJobsStorage") as info:

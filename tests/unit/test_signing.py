@@ -5,8 +5,8 @@ from datetime import UTC, datetime
 import pytest
 from standardwebhooks.webhooks import Webhook
 
-from outbox.settings import decode_secret
-from outbox.signing import Signer, sign, verify
+from outbox.core.settings import decode_secret
+from outbox.core.signing import Signer, sign, verify
 
 # The Standard Webhooks reference test vector.
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

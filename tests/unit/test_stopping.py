@@ -6,8 +6,8 @@ import time
 import uuid
 from datetime import UTC, datetime
 
-from outbox.models import Attempt, LeasedMessage, Outcome, Recorded, Response, Status
-from outbox.stopping import UntilCaughtUp, UntilEmpty, stop_rule
+from outbox.core.models import Attempt, LeasedMessage, Outcome, Recorded, Response, Status
+from outbox.relay.stopping import UntilCaughtUp, UntilEmpty, stop_rule
 
 
 def record(outcome: Outcome) -> Recorded:

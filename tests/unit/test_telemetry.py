@@ -9,7 +9,7 @@ from collections.abc import Callable
 import pytest
 from opentelemetry import trace
 
-from outbox import telemetry
+from outbox.core import telemetry
 from outbox.store import QUERIES
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -66,7 +66,7 @@ def test_a_receivers_address_never_carries_its_path_query_or_credentials() -> No
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == telemetry.__name__]
+    return [r.getMessage() for r in caplog.records if r.name == "outbox.telemetry"]
 
 
 def _unique_tracestate() -> str:

@@ -4,10 +4,10 @@ import logging
 
 import pytest
 
-from outbox.logs import log_event
-from outbox.models import Response
-from outbox.outcomes import attempt_facts, bounded
-from outbox.text import escape_controls
+from outbox.core.logs import log_event
+from outbox.core.models import Response
+from outbox.core.outcomes import attempt_facts, bounded
+from outbox.core.text import escape_controls
 
 HOSTILE = "ok\x1b[2J\x1b]0;owned\x07 line\r\nERROR forged\u2028next\u202eevil\x00"
 

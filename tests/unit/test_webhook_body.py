@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from outbox.models import LeasedMessage
-from outbox.publisher import build_body
+from outbox.core.models import LeasedMessage
+from outbox.transport.publisher import build_body
 
 
 def message(event_type: str, created_at: dt.datetime, payload: str) -> LeasedMessage:

@@ -1,0 +1,2 @@
+"""The Azure Functions side: the Blueprint (``functions``) and the host-agnostic triggers it calls
+(``triggers``). Imports the layers below; never ``outbox.hosting``."""

@@ -1,0 +1,94 @@
+"""The relay's Azure Functions as a Blueprint: add them to any Python v2 programming model app.
+
+    import azure.functions as func
+    from outbox.functions import bp
+
+    app = func.FunctionApp()
+    app.register_functions(bp)
+
+Three triggers drive the one processor (queue hint, five-minute timer, HTTP drain); three more
+serve operations (status, requeue, daily purge). Each unpacks its binding and calls
+``outbox.triggers``; nothing connects at import time (the host imports the app while indexing).
+The HTTP functions are keyed (auth level ``FUNCTION``) whatever the app's default.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import azure.functions as func
+
+from outbox.azure import triggers
+
+bp = func.Blueprint()  # type: ignore[no-untyped-call]
+
+
+def json_response(status: int, body: dict[str, Any]) -> func.HttpResponse:
+    return func.HttpResponse(json.dumps(body), status_code=status, mimetype="application/json")
+
+
+def query_pairs(req: func.HttpRequest) -> list[tuple[str, str]]:
+    """The query string's parameters in order, a repeated one as often as it is given (the
+    binding's ``params`` keep one of them)."""
+    query = urlsplit(req.url).query
+    if query:
+        return parse_qsl(query, keep_blank_values=True)
+    return list(req.params.items())
+
+
+@bp.function_name(name="outbox_queue")
+@bp.queue_trigger(
+    arg_name="msg", queue_name="%OUTBOX_QUEUE_NAME%", connection="AzureWebJobsStorage"
+)
+async def outbox_queue(msg: func.QueueMessage) -> None:
+    """A wake-up hint arrived: drain now."""
+    await triggers.on_hint(msg.get_body(), message_id=msg.id, dequeue_count=msg.dequeue_count)
+
+
+@bp.function_name(name="outbox_timer")
+@bp.timer_trigger(
+    arg_name="timer", schedule="0 */5 * * * *", run_on_startup=False, use_monitor=True
+)
+async def outbox_timer(timer: func.TimerRequest) -> None:
+    """Every five minutes: drain whatever a lost hint left behind."""
+    await triggers.on_timer(past_due=timer.past_due)
+
+
+@bp.function_name(name="outbox_drain")
+@bp.route(route="outbox/drain", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+async def outbox_drain(req: func.HttpRequest) -> func.HttpResponse:
+    """POST /api/outbox/drain[?budget_seconds=N]: drain now, answer with the JSON summary."""
+    status, body = await triggers.on_drain_request(query_pairs(req), req.get_body())
+    return json_response(status, body)
+
+
+@bp.function_name(name="outbox_status")
+@bp.route(route="outbox/status", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+async def outbox_status(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/outbox/status: backlog health; 200 when healthy, 503 when not."""
+    status, body = await triggers.on_status_request(query_pairs(req))
+    return json_response(status, body)
+
+
+@bp.function_name(name="outbox_requeue")
+@bp.route(route="outbox/requeue", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+async def outbox_requeue(req: func.HttpRequest) -> func.HttpResponse:
+    """POST /api/outbox/requeue: set Failed messages back to Pending (JSON body, dry_run)."""
+    status, body = await triggers.on_requeue_request(req.get_body())
+    return json_response(status, body)
+
+
+@bp.function_name(name="outbox_purge")
+@bp.timer_trigger(arg_name="timer", schedule="0 30 3 * * *", run_on_startup=False, use_monitor=True)
+async def outbox_purge(timer: func.TimerRequest) -> None:
+    """Daily at 03:30 UTC: delete rows past their retention, in short batches."""
+    await triggers.on_purge_timer()
+
+
+def app() -> func.FunctionApp:
+    """A Functions app of the relay's functions alone (what ``outbox serve`` hosts by default)."""
+    application = func.FunctionApp(http_auth_level=func.AuthLevel.FUNCTION)
+    application.register_functions(bp)
+    return application

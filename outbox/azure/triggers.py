@@ -1,0 +1,231 @@
+"""What each Azure Functions trigger does, as plain async functions over plain values.
+
+``function_app.py`` only unpacks the binding objects and calls these; ``outbox serve`` runs the same
+functions without the Functions host. Every path ends in the one shared processor.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import Any, ParamSpec
+
+from outbox.core import requests
+from outbox.core.errors import BadRequestError, DatabaseError, DrainFailedError, OutboxError
+from outbox.core.logs import log_event
+from outbox.core.models import DrainSummary
+from outbox.relay.runtime import shared_relay
+from outbox.store import operations
+
+logger = logging.getLogger("outbox.triggers")
+P = ParamSpec("P")
+
+HTTP_DEFAULT_BUDGET_SECONDS = 30.0
+HTTP_PARAMETERS = frozenset({"code"})  # `code` carries the function key, on every route
+MAX_LOGGED_HINT_CHARS = 200
+MISCONFIGURED = "the relay is misconfigured; see the function logs"
+DATABASE_DOWN = "database error; see the function logs"
+
+
+async def drain(
+    trigger: str, budget_seconds: float | None = None, *, until_caught_up: bool = False
+) -> DrainSummary:
+    """Run the shared processor once and log its summary."""
+    relay = await shared_relay()
+    summary = await relay.drain(budget_seconds, until_caught_up=until_caught_up, trigger=trigger)
+    level = logging.ERROR if summary.error else logging.INFO
+    log_event(logger, level, "outbox.drain", trigger=trigger, **summary.as_dict())
+    return summary
+
+
+async def on_startup() -> DrainSummary:
+    """A host starting up (``outbox serve``): drain once, for what waited while none ran."""
+    return await drain("startup")
+
+
+async def on_hint(
+    body: bytes, *, message_id: str | None, dequeue_count: int | None
+) -> DrainSummary:
+    """Queue trigger: the message only says "rows may be waiting"; its content is never trusted.
+
+    Whatever the decoded message holds (JSON, garbage, nothing), the invocation drains and
+    succeeds. (A message that is not base64 never gets here: the host cannot decode it, and
+    retries it into the poison queue.) Database errors are logged; the timer sweeps later.
+    The drain ends once it has caught up, so the next hint is taken soon even under steady load.
+    """
+    logger.info(
+        "outbox wake-up hint %s (dequeue %s): %s",
+        message_id,
+        dequeue_count,
+        describe_hint(body),
+    )
+    return await drain("queue", until_caught_up=True)
+
+
+async def on_timer(*, past_due: bool) -> DrainSummary:
+    """Timer trigger: the sweep that catches rows whose hint was lost."""
+    if past_due:
+        logger.warning("outbox timer is running late (past due)")
+    summary = await drain("timer")
+    if summary.error:
+        raise DrainFailedError(f"scheduled outbox drain failed: {summary.error}")
+    await record_backlog()
+    return summary
+
+
+async def record_backlog() -> None:
+    """The sweep's backlog figures, for the telemetry's gauges; a failure is only a warning."""
+    relay = await shared_relay()
+    try:
+        await operations.backlog_status(relay.pool, relay.settings.alert_oldest_pending_seconds)
+    except DatabaseError as exc:
+        logger.warning("outbox backlog figures not read: database error: %s", exc.kind)
+
+
+HttpResult = tuple[int, dict[str, Any]]
+
+
+def _pairs(query: Query | Mapping[str, str]) -> Query:
+    return list(query.items()) if isinstance(query, Mapping) else query
+
+
+def http_endpoint(
+    name: str,
+) -> Callable[[Callable[P, Awaitable[HttpResult]]], Callable[P, Awaitable[HttpResult]]]:
+    """Turn an endpoint's errors into JSON answers that leak nothing.
+
+    Bad parameters → 400 with the reason; bad settings → 500; database trouble → 503. The details
+    go to the function log, never into the answer.
+    """
+
+    def decorate(handler: Callable[P, Awaitable[HttpResult]]) -> Callable[P, Awaitable[HttpResult]]:
+        @functools.wraps(handler)
+        async def guarded(*args: P.args, **kwargs: P.kwargs) -> HttpResult:
+            try:
+                return await handler(*args, **kwargs)
+            except BadRequestError as exc:
+                return 400, {"error": str(exc)}
+            except DatabaseError as exc:  # before OutboxError, its base: an outage, not a bug
+                logger.error("outbox %s endpoint: database error: %s", name, exc.kind)
+                return 503, {"error": DATABASE_DOWN}
+            except OutboxError:
+                logger.exception("outbox %s endpoint failed", name)
+                return 500, {"error": MISCONFIGURED}
+
+        return guarded
+
+    return decorate
+
+
+@http_endpoint("drain")
+async def on_drain_request(query: Query | Mapping[str, str], body: bytes) -> HttpResult:
+    """HTTP trigger: ``POST /api/outbox/drain[?budget_seconds=N]`` → (status, JSON body).
+
+    ``query``: the query string's (name, value) pairs, in order (or a mapping of them).
+    """
+    summary = await drain("http", parse_budget(_pairs(query), body))
+    result = summary.as_dict()
+    if summary.error:
+        result["error"] = DATABASE_DOWN
+        return 503, result
+    return 200, result
+
+
+@http_endpoint("status")
+async def on_status_request(query: Query | Mapping[str, str] = ()) -> HttpResult:
+    """HTTP trigger: ``GET /api/outbox/status`` → 200 when healthy, 503 when not (same JSON)."""
+    query_parameters(_pairs(query), allowed=HTTP_PARAMETERS)
+    relay = await shared_relay()
+    status = await operations.backlog_status(
+        relay.pool, relay.settings.alert_oldest_pending_seconds
+    )
+    return (200 if status.healthy else 503), status.as_dict()
+
+
+@http_endpoint("requeue")
+async def on_requeue_request(body: bytes) -> HttpResult:
+    """HTTP trigger: ``POST /api/outbox/requeue`` with a JSON body naming the Failed rows."""
+    wanted = parse_requeue(body)
+    relay = await shared_relay()
+    report = await operations.requeue(relay.pool, wanted.filter, dry_run=wanted.dry_run)
+    log_event(
+        logger, logging.INFO, "outbox.requeue", requeued=report.requeued, dry_run=wanted.dry_run
+    )
+    if report.requeued and not wanted.dry_run:
+        await relay.wake_now()  # due now: a drain takes them at once, not at the next sweep
+    return 200, report.as_dict()
+
+
+async def on_purge_timer() -> operations.PurgeReport:
+    """Daily timer: delete rows past retention, in short batches."""
+    relay = await shared_relay()
+    settings = relay.settings
+    report = await operations.purge(
+        relay.pool,
+        retention_days=settings.retention_days,
+        failed_retention_days=settings.failed_retention_days,
+        batch_size=settings.purge_batch_size,
+    )
+    log_event(logger, logging.INFO, "outbox.purge", **report.as_dict())
+    return report
+
+
+BODY_UNKNOWN = "unknown field(s) in the body: {}"
+Query = Sequence[tuple[str, str]]
+
+
+def parse_requeue(body: bytes) -> requests.RequeueRequest:
+    """The requeue request body: ``{"message_ids": [...], "event_type": …, "created_from": …,
+    "created_to": …, "all_failed": bool, "dry_run": bool}``."""
+    return requests.parse(requests.RequeueRequest, _json_object(body), unknown=BODY_UNKNOWN)
+
+
+def parse_budget(query: Query, body: bytes) -> float:
+    """The drain budget from ``?budget_seconds=`` or a JSON body ``{"budget_seconds": N}``."""
+    params = query_parameters(query, allowed=HTTP_PARAMETERS | {"budget_seconds"})
+    data = _json_object(body)
+    if "budget_seconds" in data and "budget_seconds" in params:
+        raise BadRequestError("give budget_seconds in the query or in the body, not both")
+    if not data:
+        data = {name: value for name, value in params.items() if name != "code"}
+    wanted = requests.parse(requests.DrainRequest, data, unknown=BODY_UNKNOWN)
+    return wanted.budget_seconds or HTTP_DEFAULT_BUDGET_SECONDS
+
+
+def query_parameters(query: Query, *, allowed: frozenset[str]) -> dict[str, str]:
+    """The query's parameters by name: each at most once, and only ``allowed`` ones."""
+    names = [name for name, _ in query]
+    unknown = sorted(set(names) - allowed)
+    if unknown:
+        raise BadRequestError(f"unknown parameter(s): {', '.join(unknown)}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise BadRequestError(f"parameter(s) given more than once: {', '.join(repeated)}")
+    return dict(query)
+
+
+def _json_object(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        return {}
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: "[[[[…" nesting
+        raise BadRequestError("the request body must be empty or a JSON object") from None
+    if not isinstance(data, dict):
+        raise BadRequestError("the request body must be empty or a JSON object")
+    return data
+
+
+def describe_hint(body: bytes) -> str:
+    """A bounded, printable account of a hint's content, for the log only."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        parsed = json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: "[[[[…" nested too deep to parse
+        kind = "not JSON"
+    else:
+        kind = "JSON" if isinstance(parsed, dict) else f"JSON {type(parsed).__name__}"
+    shown = text if len(text) <= MAX_LOGGED_HINT_CHARS else text[:MAX_LOGGED_HINT_CHARS] + "…"
+    return f"{kind}, {len(body)} bytes: {shown!r}"

@@ -1,0 +1,254 @@
+"""What the operations endpoints and commands are asked for, validated in one place.
+
+The HTTP functions read these models from JSON bodies and query strings, the commands from their
+flags. Strict: only JSON's own types are accepted (``"yes"`` is not a boolean, ``5`` not a time),
+and an unknown field is an error. Each front end says what is wrong in its own words: the rules
+name fields through the names it passes in (``message_ids`` for a body, ``--id`` for a command).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Annotated, Any, Self, TypeVar
+from uuid import UUID
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from outbox.core.errors import BadRequestError
+
+HTTP_MAX_BUDGET_SECONDS = 120.0
+
+# What each field must be, said after its name when it is of the wrong kind.
+MUST_BE = {
+    "message_ids": "must be a non-empty list of message ids (UUIDs)",
+    "event_type": "must be a non-empty string",
+    "created_from": "must be an ISO 8601 time",
+    "created_to": "must be an ISO 8601 time",
+    "all_failed": "must be true or false",
+    "dry_run": "must be true or false",
+    "budget_seconds": "must be a number of seconds",
+    "endpoint": "must be an endpoint's name",
+}
+# A body's fields are named as they are written.
+FIELD_NAMES: Mapping[str, str] = {name: name for name in MUST_BE}
+# The commands' flags for the same fields.
+FLAG_NAMES: Mapping[str, str] = {
+    "message_ids": "--id",
+    "event_type": "--event-type",
+    "created_from": "--created-from",
+    "created_to": "--created-to",
+    "all_failed": "--all-failed",
+    "dry_run": "--dry-run",
+    "budget_seconds": "--budget",
+    "endpoint": "--endpoint",
+}
+
+
+def _message_ids(value: Any) -> Any:
+    if value is None:
+        return None
+    if not isinstance(value, list | tuple) or not value:
+        raise ValueError(MUST_BE["message_ids"])
+    try:
+        return tuple(item if isinstance(item, UUID) else UUID(str(item)) for item in value)
+    except ValueError:
+        raise ValueError(MUST_BE["message_ids"]) from None
+
+
+def _text(value: Any) -> Any:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise ValueError(MUST_BE["event_type"])
+    return value
+
+
+def _time(value: Any) -> Any:
+    if value is None or isinstance(value, datetime):
+        return value
+    if not isinstance(value, str):
+        raise ValueError(MUST_BE["created_from"])
+    try:
+        return datetime.fromisoformat(value)
+    except ValueError:
+        raise ValueError(MUST_BE["created_from"]) from None
+
+
+def _seconds(value: Any) -> Any:
+    """A number (JSON's, or a query string's text) as a float; ``True`` is no number here."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(MUST_BE["budget_seconds"])
+    try:
+        return float(value)
+    except ValueError:
+        raise ValueError(MUST_BE["budget_seconds"]) from None
+    except OverflowError:  # a JSON integer too large for a float: out of range, like 1e400
+        return math.inf
+
+
+MessageIds = Annotated[tuple[UUID, ...] | None, BeforeValidator(_message_ids)]
+Text = Annotated[str | None, BeforeValidator(_text)]
+Time = Annotated[datetime | None, BeforeValidator(_time)]
+Seconds = Annotated[float | None, BeforeValidator(_seconds)]
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True, slots=True)
+class RequeueFilter:
+    """Which Failed messages to requeue: every given criterion must match (unchecked; the
+    operation checks it as a ``RequeueRequest``)."""
+
+    message_ids: tuple[UUID, ...] | None = None
+    event_type: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+    all_failed: bool = False
+    endpoint: str | None = None  # its failures alone, and only it sent them again
+
+
+class RequeueRequest(_Request):
+    """Which Failed messages to set back to Pending: every given criterion must match."""
+
+    message_ids: MessageIds = None
+    event_type: Text = None
+    created_from: Time = None
+    created_to: Time = None
+    all_failed: bool = False
+    endpoint: Text = None
+    dry_run: bool = False
+
+    @property
+    def filter(self) -> RequeueFilter:
+        return RequeueFilter(
+            self.message_ids,
+            self.event_type,
+            self.created_from,
+            self.created_to,
+            self.all_failed,
+            self.endpoint,
+        )
+
+    @field_validator("event_type", "endpoint")
+    @classmethod
+    def _storable(cls, value: str | None) -> str | None:
+        # A bad request, not a database error: text PostgreSQL cannot hold.
+        if value is not None and "\x00" in value:
+            raise ValueError("contains a NUL character (\\u0000)")
+        if value is not None:
+            try:
+                value.encode()
+            except UnicodeEncodeError:
+                raise ValueError("is not valid UTF-8 text (it holds a lone surrogate)") from None
+        return value
+
+    @model_validator(mode="after")
+    def _clear(self, info: ValidationInfo) -> Self:
+        names = _names(info)
+        narrowed = any(
+            value is not None
+            for value in (
+                self.message_ids,
+                self.event_type,
+                self.created_from,
+                self.created_to,
+                self.endpoint,
+            )
+        )
+        if narrowed == self.all_failed:
+            raise ValueError(
+                f"say which Failed messages to requeue: {names['message_ids']}, "
+                f"{names['event_type']}, {names['endpoint']} and/or "
+                f"{names['created_from']}/{names['created_to']}, "
+                f"or {names['all_failed']} (but not both)"
+            )
+        self._check_times(names)
+        return self
+
+    def _check_times(self, names: Mapping[str, str]) -> None:
+        # Offsets first: a naive and an aware time cannot even be compared.
+        for field in ("created_from", "created_to"):
+            value: datetime | None = getattr(self, field)
+            if value is None:
+                continue
+            if value.tzinfo is None:
+                raise ValueError("times need a UTC offset, e.g. 2026-01-02T00:00:00Z")
+            try:
+                value.astimezone(UTC)  # what the driver sends; it must stay a valid datetime
+            except OverflowError:
+                raise ValueError(
+                    f"{names[field]} is out of range: in UTC it must fall within the years "
+                    "1 to 9999"
+                ) from None
+        if self.created_from and self.created_to and self.created_from >= self.created_to:
+            raise ValueError(f"{names['created_from']} must be earlier than {names['created_to']}")
+
+
+class DrainRequest(_Request):
+    """A drain by hand: how long it may lease and start deliveries."""
+
+    budget_seconds: Seconds = None
+
+    @field_validator("budget_seconds")
+    @classmethod
+    def _in_range(cls, value: float | None) -> float | None:
+        # HTTP requests on Azure are cut off after 230 s; a drain also needs up to one HTTP
+        # timeout to finish the requests in flight when its budget ends.
+        if value is not None and not (
+            math.isfinite(value) and 0 < value <= HTTP_MAX_BUDGET_SECONDS
+        ):
+            raise ValueError(f"must be greater than 0 and at most {HTTP_MAX_BUDGET_SECONDS:g}")
+        return value
+
+
+R = TypeVar("R", bound=_Request)
+
+
+def parse(
+    model: type[R],
+    data: Mapping[str, Any],
+    *,
+    names: Mapping[str, str] = FIELD_NAMES,
+    unknown: str = "unknown field(s): {}",
+) -> R:
+    """``data`` as a ``model``, or a BadRequestError that says what is wrong in ``names``
+    (``unknown`` words the fields the model does not have)."""
+    try:
+        return model.model_validate(data, context={"names": names})
+    except ValidationError as exc:
+        raise BadRequestError(explain(exc, names, unknown)) from None
+
+
+def explain(error: ValidationError, names: Mapping[str, str], unknown: str) -> str:
+    """The first problem of ``error`` in one line, with fields called by ``names``."""
+    problems = error.errors(include_url=False, include_context=False, include_input=False)
+    extra = sorted(str(p["loc"][0]) for p in problems if p["type"] == "extra_forbidden")
+    if extra:
+        return unknown.format(", ".join(extra))
+    first = problems[0]
+    message = str(first["msg"]).removeprefix("Value error, ")
+    if not first["loc"]:
+        return message  # a rule across fields: it names them itself
+    field = str(first["loc"][0])
+    if first["type"] != "value_error":
+        message = MUST_BE.get(field, "is not valid")
+    return f"{names.get(field, field)} {message}"
+
+
+def _names(info: ValidationInfo) -> Mapping[str, str]:
+    context = info.context if isinstance(info.context, Mapping) else {}
+    names: Mapping[str, str] = context.get("names", FIELD_NAMES)
+    return names

@@ -1,0 +1,420 @@
+"""``python -m outbox``: the relay's command line (thin: each command calls the package).
+
+Every command prints one JSON object on stdout. Exit status: 0 ok, 1 failed (or, for ``status``,
+unhealthy), 2 bad settings or arguments. ``migrate --inbox`` and ``purge --inbox`` serve a
+consumer's database: they read ``OUTBOX_DATABASE_URL`` and no other setting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+from outbox import store
+from outbox.core import requests
+from outbox.core.errors import (
+    BadRequestError,
+    ConfigurationError,
+    DatabaseError,
+    InvalidMessageError,
+    OutboxError,
+)
+from outbox.core.redact import Redactor
+from outbox.core.settings import DatabaseSettings, Settings
+from outbox.hosting.console import configure_cli, configure_console, help_text
+from outbox.hosting.runenv import load_run_env
+from outbox.producer.core import enqueue
+from outbox.relay.runtime import Relay
+from outbox.store import operations
+from outbox.store.migrate import (
+    DEFAULT_MAX_LOCK_WAIT_SECONDS,
+    LOCK_TIMEOUT_SECONDS,
+    migrate,
+    migrate_inbox,
+)
+from outbox.transport.wakeup import notify_once
+
+T = TypeVar("T")
+
+EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m outbox",
+        description=help_text(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    migrate_cmd = commands.add_parser(
+        "migrate", help="apply pending migrations (safe to run twice, or in parallel)"
+    )
+    migrate_cmd.add_argument(
+        "--inbox",
+        action="store_true",
+        help="the consumer inbox's (outbox_inbox) instead of the relay's",
+    )
+    migrate_cmd.add_argument(
+        "--max-lock-wait",
+        type=non_negative_seconds,
+        default=DEFAULT_MAX_LOCK_WAIT_SECONDS,
+        metavar="SECONDS",
+        help=(
+            "give up when a migration has waited this long in all for locks other sessions "
+            f"hold (default {DEFAULT_MAX_LOCK_WAIT_SECONDS:g}); it tries again every few seconds, "
+            f"holding producers back at most {LOCK_TIMEOUT_SECONDS:g} s each time"
+        ),
+    )
+    drain = commands.add_parser("drain", help="deliver every due message once")
+    drain.add_argument(
+        "--budget",
+        type=positive_seconds,
+        metavar="SECONDS",
+        help="lease and send nothing new after this long",
+    )
+    enqueue_cmd = commands.add_parser(
+        "enqueue", help="commit one event, then send the wake-up hint"
+    )
+    enqueue_cmd.add_argument("event_type", help="e.g. OrderCompleted")
+    enqueue_cmd.add_argument("payload", help="a JSON object, e.g. '{\"orderId\": 1}'")
+    enqueue_cmd.add_argument("--ordering-key", help="deliver in order with others of this key")
+    commands.add_parser("status", help="backlog health; exits 1 when unhealthy")
+    requeue = commands.add_parser("requeue", help="set Failed messages back to Pending")
+    requeue.add_argument("--id", dest="ids", action="append", type=uuid.UUID, metavar="UUID")
+    requeue.add_argument("--event-type")
+    requeue.add_argument("--endpoint", help="the Failed messages of this endpoint, for it alone")
+    requeue.add_argument("--created-from", type=datetime.fromisoformat, metavar="ISO8601")
+    requeue.add_argument("--created-to", type=datetime.fromisoformat, metavar="ISO8601")
+    requeue.add_argument("--all-failed", action="store_true", help="every Failed message")
+    requeue.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    purge = commands.add_parser(
+        "purge", help="delete Processed (and old Failed) rows past retention"
+    )
+    purge.add_argument(
+        "--inbox", action="store_true", help="delete old consumer inbox rows instead"
+    )
+    purge.add_argument(
+        "--older-than-days",
+        type=positive_days,
+        metavar="N",
+        help="with --inbox: delete rows received more than N days ago",
+    )
+    show = commands.add_parser("show", help="one message with its attempt history")
+    show.add_argument("message_id", type=uuid.UUID)
+    serve_cmd = commands.add_parser(
+        "serve", help="run the relay's Azure Functions without the Functions host"
+    )
+    serve_cmd.add_argument("--host", default="127.0.0.1", help="HTTP address (127.0.0.1)")
+    serve_cmd.add_argument("--port", type=tcp_port, default=7071, help="HTTP port (7071)")
+    serve_cmd.add_argument(
+        "--host-json",
+        type=Path,
+        metavar="PATH",
+        help="host settings (default: ./host.json if there is one, else the package's)",
+    )
+    serve_cmd.add_argument(
+        "--app",
+        metavar="MODULE:ATTRIBUTE",
+        help="host this FunctionApp or Blueprint instead of the relay's own functions",
+    )
+    serve_cmd.add_argument(
+        "--max-connections",
+        type=connection_count,
+        metavar="N",
+        help="open HTTP connections at most (default: a quarter of the descriptor limit, "
+        "at most 1024)",
+    )
+    serve_cmd.add_argument(
+        "--uvloop",
+        action="store_true",
+        help="run on uvloop, a faster event loop (the [uvloop] extra; not on Windows)",
+    )
+    return parser
+
+
+def positive_seconds(text: str) -> float:
+    """``--budget`` seconds: nan would never end a run, and 0 or less would drain nothing."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError("must be a finite number of seconds greater than 0")
+    return seconds
+
+
+def non_negative_seconds(text: str) -> float:
+    """``--max-lock-wait`` seconds: 0 tries each migration once."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds < 0:
+        raise argparse.ArgumentTypeError("must be a finite number of seconds, 0 or more")
+    return seconds
+
+
+def tcp_port(text: str) -> int:
+    """``serve --port``: a TCP port the server can bind (not 0: a port nobody would know)."""
+    try:
+        port = int(text)
+    except ValueError:
+        port = 0
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError("must be a whole number from 1 to 65535")
+    return port
+
+
+def positive_days(text: str) -> int:
+    """``--older-than-days``: a whole number of days, at least 1 (0 would empty the inbox)."""
+    try:
+        days = int(text)
+    except ValueError:
+        days = 0
+    if not 1 <= days <= 36500:
+        raise argparse.ArgumentTypeError("must be a whole number of days from 1 to 36500")
+    return days
+
+
+def connection_count(text: str) -> int:
+    """``serve --max-connections``: a whole number from 1 to 65536."""
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= 65536:
+        raise argparse.ArgumentTypeError("must be a whole number of connections from 1 to 65536")
+    return count
+
+
+def flag_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with a combination of flags that argparse cannot check on its own."""
+    if args.command != "purge":
+        return None
+    if args.inbox and args.older_than_days is None:
+        return "purge --inbox needs --older-than-days N: how long inbox rows are kept"
+    if not args.inbox and args.older_than_days is not None:
+        return (
+            "--older-than-days applies to purge --inbox only; the outbox's own rows are kept "
+            "for OUTBOX_RETENTION_DAYS"
+        )
+    return None
+
+
+def emit(data: Any) -> None:
+    print(json.dumps(data, default=_json_default))
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+async def run_migrate(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    emit({"applied": await migrate(conn, max_lock_wait=args.max_lock_wait)})
+    return EXIT_OK
+
+
+async def run_drain(settings: Settings, args: argparse.Namespace) -> int:
+    async with await Relay.open(settings) as relay:
+        summary = await relay.drain(args.budget)
+    emit(summary.as_dict())
+    return EXIT_FAILED if summary.error else EXIT_OK
+
+
+async def run_enqueue(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    try:
+        payload = json.loads(args.payload)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidMessageError(f"payload is not valid JSON: {exc}") from None
+    if not isinstance(payload, dict):
+        raise InvalidMessageError("payload must be a JSON object")
+    async with conn.transaction():
+        message_id = await enqueue(
+            conn,
+            args.event_type,
+            payload,
+            ordering_key=args.ordering_key,
+            max_payload_bytes=settings.max_payload_bytes,
+        )
+    # Committed: from here on nothing may fail the command, or its id would be lost to the
+    # caller (notify() logs a bad queue setting and returns False, as for any lost hint).
+    sent = await notify_once(settings) if settings.has_queue else False
+    emit({"message_id": message_id, "hint_sent": sent})
+    return EXIT_OK
+
+
+async def run_status(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    status = await operations.backlog_status(conn, settings.alert_oldest_pending_seconds)
+    emit(status.as_dict())
+    return EXIT_OK if status.healthy else EXIT_FAILED
+
+
+async def run_requeue(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    given = {
+        "message_ids": tuple(args.ids) if args.ids else None,
+        "event_type": args.event_type,
+        "created_from": args.created_from,
+        "created_to": args.created_to,
+        "all_failed": args.all_failed,
+        "endpoint": args.endpoint,
+        "dry_run": args.dry_run,
+    }
+    # Checked here to word its errors by the command's flags; requeue checks it again.
+    wanted = requests.parse(requests.RequeueRequest, given, names=requests.FLAG_NAMES)
+    report = await operations.requeue(conn, wanted.filter, dry_run=wanted.dry_run)
+    if report.requeued and not wanted.dry_run and settings.has_queue:
+        await notify_once(settings)  # a drain takes them at once, not at the next sweep
+    emit(report.as_dict())
+    return EXIT_OK
+
+
+async def run_purge(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    report = await operations.purge(
+        conn,
+        retention_days=settings.retention_days,
+        failed_retention_days=settings.failed_retention_days,
+        batch_size=settings.purge_batch_size,
+    )
+    emit(report.as_dict())
+    return EXIT_OK
+
+
+async def run_show(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    message = await operations.show(conn, args.message_id)
+    if message is None:
+        raise OutboxError(f"no outbox message {args.message_id}")
+    emit(message)
+    return EXIT_OK
+
+
+ConnectionCommand = Callable[[Any, Settings, argparse.Namespace], Awaitable[int]]
+CONNECTION_COMMANDS: dict[str, ConnectionCommand] = {
+    "migrate": run_migrate,
+    "enqueue": run_enqueue,
+    "status": run_status,
+    "requeue": run_requeue,
+    "purge": run_purge,
+    "show": run_show,
+}
+
+
+async def run_migrate_inbox(conn: Any, args: argparse.Namespace) -> int:
+    emit({"applied": await migrate_inbox(conn, max_lock_wait=args.max_lock_wait)})
+    return EXIT_OK
+
+
+async def run_purge_inbox(conn: Any, args: argparse.Namespace) -> int:
+    report = await operations.purge_inbox(conn, older_than_days=args.older_than_days)
+    emit(report.as_dict())
+    return EXIT_OK
+
+
+InboxCommand = Callable[[Any, argparse.Namespace], Awaitable[int]]
+INBOX_COMMANDS: dict[str, InboxCommand] = {
+    "migrate": run_migrate_inbox,
+    "purge": run_purge_inbox,
+}
+
+
+async def run_serve(settings: Settings, args: argparse.Namespace) -> int:
+    # Only this command needs the self-host (and its web server): imported for it alone.
+    from outbox.hosting import serve  # noqa: PLC0415
+
+    key = settings.function_key.get_secret_value() if settings.function_key else None
+    options = serve.ServeOptions(
+        args.host, args.port, args.host_json, key, args.app, args.max_connections
+    )
+    await serve.main(options, settings)
+    return EXIT_OK
+
+
+async def run(settings: Settings, args: argparse.Namespace) -> int:
+    if args.command == "drain":
+        return await run_drain(settings, args)
+    if args.command == "serve":
+        return await run_serve(settings, args)
+    conn = await store.connect(settings.database_url.get_secret_value())
+    try:
+        # enqueue's transaction is the caller's own, outside the store's boundary: this one
+        # keeps its driver errors from reaching the user as a traceback.
+        command = store.database_boundary(CONNECTION_COMMANDS[args.command])
+        return await command(conn, settings, args)
+    finally:
+        await conn.close()
+
+
+async def run_inbox(settings: DatabaseSettings, args: argparse.Namespace) -> int:
+    conn = await store.connect(settings.database_url.get_secret_value())
+    try:
+        return await store.database_boundary(INBOX_COMMANDS[args.command])(conn, args)
+    finally:
+        await conn.close()
+
+
+def redactor(settings: Settings | DatabaseSettings) -> Redactor:
+    """Hides every secret of ``settings`` (of a consumer's, the database URL and its password)."""
+    if isinstance(settings, Settings):
+        return Redactor.from_settings(settings)
+    url = settings.database_url.get_secret_value()
+    return Redactor([url, urlsplit(url).password or ""])
+
+
+def run_on_loop(command: Callable[[], Coroutine[Any, Any, T]], *, uvloop: bool) -> T:
+    """Run ``command`` on asyncio's own event loop, or on uvloop's (``serve --uvloop``): the
+    same relay with less CPU per message (measured in docs/performance.md)."""
+    if not uvloop:
+        return asyncio.run(command())
+    try:
+        import uvloop as fast  # noqa: PLC0415 - an extra, imported only when asked for
+    except ImportError:
+        raise ConfigurationError(
+            'serve --uvloop needs uvloop: pip install "outbox-relay[uvloop]"'
+        ) from None
+    return fast.run(command())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        configure_console()
+    else:
+        configure_cli()
+    load_run_env()
+    inbox = bool(getattr(args, "inbox", False))
+    settings: Settings | DatabaseSettings
+    try:
+        problem = flag_problem(args)
+        if problem:
+            raise BadRequestError(problem)
+        settings = DatabaseSettings.load() if inbox else Settings.load()
+    except OutboxError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    try:
+        if isinstance(settings, Settings):
+            relay_settings = settings
+            fast = args.command == "serve" and args.uvloop
+            return run_on_loop(lambda: run(relay_settings, args), uvloop=fast)
+        return asyncio.run(run_inbox(settings, args))
+    except (BadRequestError, InvalidMessageError, ConfigurationError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_CONFIG
+    except DatabaseError as exc:
+        print(f"error: database: {redactor(settings)(str(exc))}", file=sys.stderr)
+        return EXIT_FAILED
+    except OutboxError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAILED

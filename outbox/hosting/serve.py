@@ -1,0 +1,503 @@
+"""``python -m outbox serve``: the relay's Azure Functions without the Functions host.
+
+It hosts ``outbox.functions.bp`` (or, with ``--app module:attribute``, an app or Blueprint of
+yours), indexes it as the Python worker does and calls the very same functions:
+
+- each queue trigger: polls its queue (``%SETTING%`` names resolved from the environment), hands
+  the base64-decoded message over as a ``QueueMessage``, deletes it only after the function
+  succeeded, makes it visible again after ``visibilityTimeout`` when it failed, and moves it to
+  ``<queue>-poison`` after ``maxDequeueCount`` attempts, with the values from ``host.json``;
+- each timer trigger: fires on its NCRONTAB schedule (UTC);
+- each HTTP trigger: ``/api/<route>`` on 127.0.0.1:7071 like ``func start``; auth level
+  ``FUNCTION`` needs ``OUTBOX_FUNCTION_KEY`` as ``?code=`` or an ``x-functions-key`` header;
+  every answer is JSON, an unknown route's 404 and a wrong method's 405 too.
+
+``host.json`` is read from the working folder when there is one, else the package's own copy
+(the repository's, shipped with it); ``%OUTBOX_QUEUE_NAME%`` defaults to ``outbox-wakeup``.
+
+SIGTERM or SIGINT stops it gracefully: no new work is taken, drains finish their in-flight
+deliveries and release what they had not started, then the clients close. No row is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hmac
+import importlib
+import json
+import logging
+import os
+import re
+import signal
+import time
+import traceback
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from importlib import resources
+from importlib.resources.abc import Traversable
+from pathlib import Path
+from typing import Any
+
+import azure.functions as func
+from aiohttp import web
+from azure.core.exceptions import ResourceExistsError
+from azure.functions.queue import QueueMessage
+from azure.functions.timer import TimerRequest
+from azure.storage.queue import QueueMessage as StoredMessage
+from azure.storage.queue.aio import QueueClient
+
+from outbox.azure import functions, triggers
+from outbox.core.errors import ConfigurationError, describe
+from outbox.core.logs import Throttled
+from outbox.core.redact import Redactor
+from outbox.core.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
+from outbox.hosting.connections import (
+    ACCEPT_ERROR_LOG_INTERVAL_SECONDS,
+    KEEPALIVE_TIMEOUT_SECONDS,
+    AcceptErrors,
+    Guard,
+    GuardedSite,
+    default_max_connections,
+)
+from outbox.hosting.ncrontab import Schedule
+from outbox.relay import runtime
+from outbox.transport.wakeup import close_queue_client, make_queue_client
+
+logger = logging.getLogger("outbox.serve")
+
+DEFAULT_PORT = 7071
+# How often serve looks for a wake-up hint it could not send whose time has come.
+UNSENT_HINT_CHECK_SECONDS = 1.0
+# App settings that binding expressions may name, with the value they take when not set.
+SETTING_DEFAULTS = {"OUTBOX_QUEUE_NAME": DEFAULT_QUEUE_NAME}
+_TIMESPAN = re.compile(r"^(\d+):(\d\d):(\d\d(?:\.\d+)?)$")
+_SETTING = re.compile(r"%([^%]+)%")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOptions:
+    """The ``extensions.queues`` settings of host.json that the listener honours."""
+
+    max_polling_interval: float = 60.0
+    visibility_timeout: float = 0.0
+    max_dequeue_count: int = 5
+    function_timeout: float = 300.0
+
+    @classmethod
+    def from_host_json(cls, path: Traversable) -> QueueOptions:
+        try:
+            host = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ConfigurationError(f"host.json: cannot read {path}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise ConfigurationError(f"host.json: not valid JSON ({exc})") from None
+        if not isinstance(host, dict):
+            raise ConfigurationError("host.json: not a JSON object")
+        queues = host.get("extensions", {}).get("queues", {})
+        try:
+            max_dequeue_count = int(queues.get("maxDequeueCount", 5))
+        except (TypeError, ValueError):
+            raise ConfigurationError("host.json: maxDequeueCount must be a whole number") from None
+        return cls(
+            max_polling_interval=timespan(queues.get("maxPollingInterval", "00:01:00")),
+            visibility_timeout=timespan(queues.get("visibilityTimeout", "00:00:00")),
+            max_dequeue_count=max_dequeue_count,
+            function_timeout=timespan(host.get("functionTimeout", "00:05:00")),
+        )
+
+
+def timespan(text: Any) -> float:
+    """Seconds in a host.json ``hh:mm:ss[.fff]`` value."""
+    match = _TIMESPAN.match(text) if isinstance(text, str) else None
+    if match is None:
+        raise ConfigurationError(f"host.json: not a hh:mm:ss time span: {text!r}")
+    hours, minutes, seconds = match.groups()
+    return int(hours) * 3600 + int(minutes) * 60 + float(seconds)
+
+
+def resolve(expression: str) -> str:
+    """A binding expression with ``%SETTING%`` replaced from the environment, as the host does
+    (except that a setting of ``SETTING_DEFAULTS`` falls back to its default)."""
+
+    def setting(match: re.Match[str]) -> str:
+        name = match.group(1)
+        value = os.environ.get(name) or SETTING_DEFAULTS.get(name)
+        if not value:
+            raise ConfigurationError(f"app setting {name} is not set")
+        return value
+
+    return _SETTING.sub(setting, expression)
+
+
+def host_json_path(given: Path | None = None) -> Traversable:
+    """``given``, else ``./host.json``, else the package's copy of the repository's."""
+    if given is not None:
+        return given
+    here = Path("host.json")
+    return here if here.is_file() else resources.files("outbox").joinpath("host.json")
+
+
+def load_app(spec: str | None = None) -> func.FunctionApp:
+    """The app to host: ``module:attribute`` (a FunctionApp, or a Blueprint to register in one),
+    or by default the relay's own functions."""
+    if spec is None:
+        return functions.app()
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ConfigurationError(f"--app must be module:attribute, e.g. function_app:app: {spec}")
+    try:
+        found = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigurationError(f"--app {spec}: {exc}") from None
+    if isinstance(found, func.FunctionApp):
+        return found
+    if isinstance(found, func.Blueprint):
+        app = func.FunctionApp(http_auth_level=func.AuthLevel.FUNCTION)
+        app.register_functions(found)
+        return app
+    raise ConfigurationError(f"--app {spec} is neither a FunctionApp nor a Blueprint")
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """One indexed function: its name, trigger binding and the function itself."""
+
+    name: str
+    trigger: dict[str, Any]
+    function: Callable[..., Awaitable[Any]]
+
+
+def index(app: func.FunctionApp) -> list[Binding]:
+    """The app's functions, from one ``get_functions()`` call as the worker makes it."""
+    found = []
+    for function in app.get_functions():
+        bindings = [json.loads(raw) for raw in function.get_raw_bindings()]
+        trigger = next(b for b in bindings if b["type"].endswith("Trigger"))
+        name = function.get_function_name() or function.get_user_function().__name__
+        found.append(Binding(name, trigger, function.get_user_function()))
+    return found
+
+
+class QueueListener:
+    """Feeds one queue to one queue-triggered function, with the host's retry and poison rules."""
+
+    def __init__(self, binding: Binding, settings: QueueSettings, options: QueueOptions) -> None:
+        self.binding = binding
+        self.options = options
+        queue = resolve(binding.trigger["queueName"])
+        # Raw clients: the message is decoded here, as the trigger does, so that a message that
+        # is not base64 fails the invocation instead of the receive.
+        self.queue = _raw_client(settings, queue)
+        self.poison = _raw_client(settings, f"{queue}-poison")
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        created = False
+        idle = 0.1
+        while not stopping.is_set():
+            try:
+                if not created:
+                    with contextlib.suppress(ResourceExistsError):
+                        await self.queue.create_queue()
+                    created = True
+                handled = await self._receive_one()
+            except Exception as exc:  # noqa: BLE001 - like the host: storage errors never stop it
+                # A failed delete or retry only makes that message come back (one more drain).
+                logger.warning("queue %s: %s", self.queue.queue_name, type(exc).__name__)
+                handled = False
+            idle = 0.1 if handled else min(idle * 2, self.options.max_polling_interval)
+            if not handled:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), idle)
+
+    async def close(self) -> None:
+        await close_queue_client(self.queue)
+        await close_queue_client(self.poison)
+
+    async def _receive_one(self) -> bool:
+        messages = self.queue.receive_messages(
+            max_messages=1, visibility_timeout=int(self.options.function_timeout)
+        )
+        stored = await anext(aiter(messages), None)
+        if stored is None:
+            return False
+        await self._invoke(stored)
+        return True
+
+    async def _invoke(self, stored: StoredMessage) -> None:
+        try:
+            body = base64.b64decode(stored.content or "", validate=True)
+            message = QueueMessage(  # type: ignore[no-untyped-call]
+                id=stored.id,
+                body=body,
+                dequeue_count=stored.dequeue_count,
+                expiration_time=stored.expires_on,
+                insertion_time=stored.inserted_on,
+                pop_receipt=stored.pop_receipt,
+            )
+            await self.binding.function(message)
+        except Exception as exc:  # noqa: BLE001 - like the host: any failure means "try again"
+            await self._failed(stored, exc)
+        else:
+            await self.queue.delete_message(stored)
+
+    async def _failed(self, stored: StoredMessage, exc: BaseException) -> None:
+        logger.error(
+            "%s failed on message %s (dequeue %s): %s",
+            self.binding.name,
+            stored.id,
+            stored.dequeue_count,
+            type(exc).__name__,
+        )
+        if (stored.dequeue_count or 0) >= self.options.max_dequeue_count:
+            with contextlib.suppress(ResourceExistsError):
+                await self.poison.create_queue()
+            await self.poison.send_message(stored.content)
+            await self.queue.delete_message(stored)
+            logger.warning("message %s moved to %s", stored.id, self.poison.queue_name)
+        else:
+            await self.queue.update_message(
+                stored, visibility_timeout=int(self.options.visibility_timeout)
+            )
+
+
+def _raw_client(settings: QueueSettings, queue: str) -> QueueClient:
+    return make_queue_client(settings.model_copy(update={"queue_name": queue}), encoded=False)
+
+
+def failure_redactor(settings: Settings | None = None) -> Redactor:
+    """What hides the app's secrets in serve's own failure logs (credential shapes at least)."""
+    try:
+        return Redactor.from_settings(settings or Settings.load())
+    except ConfigurationError:
+        return Redactor([])  # the functions themselves will say which setting is wrong
+
+
+async def run_timer(
+    binding: Binding, stopping: asyncio.Event, redact: Redactor | None = None
+) -> None:
+    """Call a timer-triggered function at each firing of its schedule."""
+    redact = redact or Redactor([])
+    schedule = Schedule.parse(binding.trigger["schedule"])
+    while not stopping.is_set():
+        due = schedule.next_after(datetime.now(UTC))
+        wait = (due - datetime.now(UTC)).total_seconds()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), max(wait, 0))
+            return
+        late = datetime.now(UTC) - due > timedelta(seconds=5)
+        try:
+            await binding.function(TimerRequest(past_due=late))
+        except Exception as exc:  # noqa: BLE001 - the next firing tries again
+            logger.error("%s failed: %s", binding.name, redact(f"{type(exc).__name__}: {exc}"))
+
+
+def http_app(
+    bindings: list[Binding],
+    key: str | None,
+    redact: Redactor | None = None,
+    guard: Guard | None = None,
+) -> web.Application:
+    """``/api/<route>`` for each HTTP-triggered function, with function-key checks (and the
+    connection guard's bookkeeping, when there is one)."""
+    middlewares = [_json_errors] if guard is None else [guard.middleware, _json_errors]
+    app = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
+    for binding in bindings:
+        handler = _http_handler(binding, key, redact or Redactor([]))
+        for method in binding.trigger.get("methods") or ["GET", "POST"]:
+            app.router.add_route(method.upper(), f"/api/{binding.trigger['route']}", handler)
+    return app
+
+
+@web.middleware
+async def _json_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """A route nobody serves (404) or a method it does not take (405): JSON like every answer."""
+    try:
+        return await handler(request)
+    except web.HTTPNotFound:
+        error = f"no such route: {request.method} {request.path}"
+        return web.json_response({"error": error}, status=404)
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        error = f"{request.method} is not allowed on {request.path}; use {allowed}"
+        return web.json_response({"error": error}, status=405, headers={"Allow": allowed})
+
+
+def _http_handler(
+    binding: Binding, key: str | None, redact: Redactor
+) -> Callable[[web.Request], Awaitable[web.Response]]:
+    needs_key = binding.trigger.get("authLevel", "FUNCTION").upper() != "ANONYMOUS"
+
+    async def handle(request: web.Request) -> web.Response:
+        if needs_key and not _key_matches(request, key):
+            return web.json_response({"error": "a valid function key is required"}, status=401)
+        body = await request.read()
+        invocation = func.HttpRequest(
+            method=request.method,
+            url=str(request.url),
+            headers=dict(request.headers),
+            params=dict(request.query),
+            route_params=dict(request.match_info),
+            body=body,
+        )
+        try:
+            response = await binding.function(invocation)
+        except Exception:  # noqa: BLE001 - a 500, and the traceback (redacted) in the log
+            logger.error("%s failed: %s", binding.name, redact(traceback.format_exc()))
+            return web.json_response({"error": "internal error"}, status=500)
+        return web.Response(
+            body=response.get_body(),
+            status=response.status_code,
+            headers={k: v for k, v in response.headers.items() if k.lower() != "content-length"},
+            content_type=response.mimetype,
+        )
+
+    return handle
+
+
+def _key_matches(request: web.Request, key: str | None) -> bool:
+    given = request.headers.get("x-functions-key") or request.query.get("code") or ""
+    # Header bytes that are not UTF-8 arrive as lone surrogates; compare them, never crash on them.
+    return key is not None and hmac.compare_digest(
+        given.encode("utf-8", "surrogatepass"), key.encode("utf-8", "surrogatepass")
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    host_json: Path | None = None  # ./host.json, else the package's
+    key: str | None = None
+    app: str | None = None  # module:attribute; the relay's own functions by default
+    max_connections: int | None = None  # by default a quarter of the descriptor limit
+
+
+async def start_http(
+    bindings: list[Binding], options: ServeOptions, redact: Redactor | None = None
+) -> web.AppRunner:
+    """The HTTP functions, listening behind the connection guard; a port that cannot be had is
+    said plainly."""
+    limit = options.max_connections or default_max_connections()
+
+    def connection() -> asyncio.Protocol:
+        assert runner.server is not None  # set up before the site starts
+        return runner.server()
+
+    guard = Guard(connection, max_connections=limit)
+    app = http_app(bindings, options.key, redact, guard)
+    runner = web.AppRunner(
+        app, access_log=None, shutdown_timeout=5, keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS
+    )
+    await runner.setup()
+    try:
+        await GuardedSite(runner, options.host, options.port, guard).start()
+    except OSError as exc:
+        await runner.cleanup()
+        raise ConfigurationError(
+            f"cannot listen on {options.host}:{options.port}: {exc.strerror or exc}"
+        ) from None
+    return runner
+
+
+async def serve(
+    app: func.FunctionApp,
+    options: ServeOptions,
+    stopping: asyncio.Event,
+    settings: Settings | None = None,
+) -> None:
+    """Run every function of ``app`` until ``stopping`` is set, then shut down gracefully.
+
+    ``settings``: the process's, loaded once by the caller and used by the functions too.
+    """
+    bindings = index(app)
+    queue_options = QueueOptions.from_host_json(host_json_path(options.host_json))
+    if settings is not None:
+        runtime.use_settings(settings)
+    queue_settings: QueueSettings = settings or QueueSettings.load()
+    queued = [b for b in bindings if b.trigger["type"] == "queueTrigger"]
+    if queued and not queue_settings.has_queue:
+        logger.warning(
+            "no wake-up queue configured (AzureWebJobsStorage): %s not served; the timer still "
+            "sweeps every five minutes and the HTTP drain works",
+            ", ".join(b.name for b in queued),
+        )
+        queued = []
+    listeners = [QueueListener(b, queue_settings, queue_options) for b in queued]
+    http = [b for b in bindings if b.trigger["type"] == "httpTrigger"]
+    redact = failure_redactor(settings)
+    AcceptErrors.install(Throttled(logger, ACCEPT_ERROR_LOG_INTERVAL_SECONDS))
+    runner = await start_http(http, options, redact)
+    logger.info(
+        "serving %d functions; HTTP on http://%s:%d/api/ (%s; at most %d connections; "
+        "event loop %s)",
+        len(bindings),
+        options.host,
+        options.port,
+        "function key required"
+        if options.key
+        else "no OUTBOX_FUNCTION_KEY: keyed routes answer 401",
+        options.max_connections or default_max_connections(),
+        type(asyncio.get_running_loop()).__module__.split(".")[0],
+    )
+    tasks = [asyncio.create_task(listener.run(stopping)) for listener in listeners]
+    # What waited while no relay ran is taken now, not at the first hint or sweep.
+    tasks.append(asyncio.create_task(_drain_at_startup(redact)))
+    if queued:
+        tasks.append(asyncio.create_task(_drain_for_unsent_hints(stopping, redact)))
+    tasks += [
+        asyncio.create_task(run_timer(b, stopping, redact))
+        for b in bindings
+        if b.trigger["type"] == "timerTrigger"
+    ]
+    try:
+        await stopping.wait()
+    finally:
+        logger.info("stopping: finishing in-flight deliveries")
+        await runtime.stop_shared_relay()
+        await runner.cleanup()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for listener in listeners:
+            await listener.close()
+        await runtime.close_shared_relay()
+        logger.info("stopped")
+
+
+async def _drain_at_startup(redact: Redactor) -> None:
+    try:
+        await triggers.on_startup()
+    except Exception as exc:  # noqa: BLE001 - like a timer's failure: logged, the rest serves on
+        logger.error("start-up drain failed: %s", redact(describe(exc)))
+
+
+async def _drain_for_unsent_hints(stopping: asyncio.Event, redact: Redactor) -> None:
+    """A run in place of each wake-up hint the relay could not send (the queue unreachable, the
+    process out of descriptors), when that hint would have woken one: what comes due is
+    delivered within seconds of the trouble ending, not at the next sweep."""
+    while not stopping.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), UNSENT_HINT_CHECK_SECONDS)
+            return
+        try:
+            relay = await runtime.shared_relay()
+            if relay.wakeups is not None and relay.wakeups.take_unsent(time.monotonic()):
+                await triggers.drain("unsent-hint", until_caught_up=True)
+        except Exception as exc:  # noqa: BLE001 - like a timer's failure: the next check tries
+            logger.error("drain for an unsent hint failed: %s", redact(describe(exc)))
+
+
+def install_stop_signals(stopping: asyncio.Event) -> None:
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+
+
+async def main(options: ServeOptions, settings: Settings) -> None:
+    app = load_app(options.app)
+    stopping = asyncio.Event()
+    install_stop_signals(stopping)
+    await serve(app, options, stopping, settings)

@@ -1,0 +1,126 @@
+"""The clients one process needs (a database pool, an HTTP session) and the processor over them.
+
+Triggers use ``shared_relay()``: created on first use, not at import (the Functions host imports
+the app while indexing, before any invocation), then reused by every invocation of the process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Self
+
+from outbox import store
+from outbox.core.clock import DatabaseClock
+from outbox.core.models import DrainSummary
+from outbox.core.resources import Closeable
+from outbox.core.settings import Settings
+from outbox.core.telemetry import Telemetry, configure
+from outbox.relay.processor import OutboxProcessor
+from outbox.relay.wakeups import WakeUps
+from outbox.transport.publisher import Publisher
+
+
+class Relay(Closeable):
+    """A processor with its own pool and HTTP sessions; close it when done."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        pool: store.Connection,
+        publisher: Publisher,
+        clock: DatabaseClock,
+        telemetry: Telemetry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.pool = pool
+        self.publisher = publisher
+        self.loop = asyncio.get_running_loop()
+        self.processor = OutboxProcessor(
+            pool, publisher.deliver, settings, clock=clock, telemetry=telemetry
+        )
+        # Wake-up hints for what comes due later; none where no queue is configured.
+        self.wakeups = WakeUps(settings) if settings.has_queue else None
+
+    async def drain(
+        self,
+        budget_seconds: float | None = None,
+        *,
+        until_caught_up: bool = False,
+        trigger: str = "drain",
+    ) -> DrainSummary:
+        """One run of the processor, then the wake-up hint the next run needs (if any)."""
+        summary = await self.processor.execute(
+            budget_seconds, until_caught_up=until_caught_up, trigger=trigger
+        )
+        if self.wakeups is not None:
+            await self.wakeups.after_run(self.pool, summary)
+        return summary
+
+    async def wake_now(self) -> bool:
+        """One wake-up hint at once (after a requeue), where a queue is configured."""
+        return await self.wakeups.wake_now() if self.wakeups is not None else False
+
+    @classmethod
+    async def open(cls, settings: Settings, *, telemetry: Telemetry | None = None) -> Self:
+        """Open a relay; ``telemetry`` by default uses the global OpenTelemetry providers, with
+        an SDK set up first where the environment asks for one (``telemetry.configure``)."""
+        if telemetry is None:
+            configure()
+        pool = await store.create_pool(settings)
+        clock = DatabaseClock()  # set by the processor's leases, read by the signatures
+        publisher = Publisher.from_settings(settings, clock.time)
+        return cls(settings, pool, publisher, clock, telemetry)
+
+    async def close(self) -> None:
+        if self.wakeups is not None:
+            await self.wakeups.close()
+        await self.publisher.close()
+        await self.pool.close()
+
+
+_shared: Relay | None = None
+_shared_lock = asyncio.Lock()
+_settings: Settings | None = None
+
+
+def use_settings(settings: Settings) -> None:
+    """Run the process's relay with ``settings`` (a host that has loaded them already)."""
+    global _settings  # noqa: PLW0603 - one configuration per process, by design
+    _settings = settings
+
+
+def process_settings() -> Settings:
+    """The process's settings: those given to ``use_settings``, else read from the
+    environment once (the Functions host sets the app settings before the first invocation)."""
+    global _settings  # noqa: PLW0603
+    if _settings is None:
+        _settings = Settings.load()
+    return _settings
+
+
+async def shared_relay() -> Relay:
+    """The process-wide relay, opened on first use with the process's settings."""
+    global _shared  # noqa: PLW0603 - one relay per worker process, by design
+    async with _shared_lock:
+        if _shared is not None and _shared.loop is not asyncio.get_running_loop():
+            # Only in tests: a new event loop cannot use clients bound to the old one.
+            _shared = None
+        if _shared is None:
+            _shared = await Relay.open(process_settings())
+        return _shared
+
+
+async def stop_shared_relay() -> None:
+    """Make running drains of the process-wide relay wrap up (graceful shutdown)."""
+    if _shared is not None:
+        _shared.processor.stop()
+
+
+async def close_shared_relay() -> None:
+    """Close the process-wide relay and forget its settings (host shutdown, tests)."""
+    global _shared, _settings  # noqa: PLW0603
+    async with _shared_lock:
+        _settings = None
+        if _shared is not None:
+            relay, _shared = _shared, None
+            await relay.close()

@@ -1,0 +1,111 @@
+"""When the relay should run next, and the wake-up hints that make it run then.
+
+A retry is due 10 s, 20 s, 40 s … after its failure, and a ``Retry-After`` at a time of the
+receiver's choosing; without more, only the five-minute sweep would come back for it. So after
+each run the relay asks the database when the next Pending message comes due and sends one
+wake-up hint that stays invisible until then: an Azure Storage queue takes a visibility timeout
+on send, up to seven days (until the retry's nominal time, in fact: a retry is jittered up to a
+tenth earlier, and those that failed together are woken together). At most one such hint per
+run, and none while a hint this process sent already wakes a run by then: the run it wakes
+handles what is due and schedules the next.
+
+After a run that gave messages back at its end (its budget spent, the relay stopping) one hint
+is sent at once, so that another drain takes them; after a run that ended on a database error,
+one in 30 s, so that a database that comes back is drained within a minute. A hint that cannot
+be sent is a warning, never the run's error: the sweep still finds the row, and a host that
+lives on (``outbox serve``) runs a drain of its own when the hint would have woken one
+(``take_unsent``). Where no queue is configured nothing is sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+from outbox import store
+from outbox.core.backoff import JITTER_FRACTION
+from outbox.core.errors import DatabaseError
+from outbox.core.models import DrainSummary
+from outbox.core.resources import Closeable
+from outbox.core.settings import QueueSettings
+from outbox.transport.wakeup import MAX_DELAY_SECONDS, WakeUpQueue
+
+logger = logging.getLogger("outbox.wakeups")
+
+# After a run that ended on a database error: when to try again.
+DATABASE_RETRY_SECONDS = 30
+# A hint already due at most this much after the time wanted covers it (it is polled anyway).
+COVER_SLACK_SECONDS = 1.0
+
+
+class WakeUps(Closeable):
+    """The process's wake-up hints: its queue client and the delayed hints it has sent."""
+
+    def __init__(self, settings: QueueSettings) -> None:
+        self._settings = settings
+        self._queue: WakeUpQueue | None = None
+        # When each delayed hint this process sent becomes visible (monotonic), until then.
+        self._scheduled: list[float] = []
+        # When the earliest hint that could not be sent would have woken a run (monotonic).
+        self._unsent: float | None = None
+
+    async def after_run(self, pool: store.Connection, summary: DrainSummary) -> None:
+        """Wake the next run when it is needed: now, after a database error, or when the next
+        message comes due."""
+        if summary.stopped_by == "error":
+            await self.wake_in(DATABASE_RETRY_SECONDS)
+            return
+        if summary.released and summary.stopped_by in ("budget", "stopped"):
+            await self.wake_now()
+        try:
+            due_in = await store.next_due_in(pool)
+        except DatabaseError as exc:
+            logger.warning("outbox: when the next message comes due is unknown: %s", exc.kind)
+            return
+        if due_in is not None:
+            # A retry lands up to a tenth before its nominal delay (jitter): waking at the
+            # earliest one's nominal time takes those that failed with it in the same run.
+            await self.wake_in(due_in / (1 - JITTER_FRACTION))
+
+    async def wake_now(self) -> bool:
+        """One hint, visible at once (requeued messages, messages given back)."""
+        sent = await self._queue_client().notify()
+        if not sent:
+            self._owe(time.monotonic())
+        return sent
+
+    async def wake_in(self, seconds: float) -> bool:
+        """One hint visible in ``seconds`` (rounded up to whole seconds, at least one), unless
+        a hint this process sent is visible by then already. Whether one was sent."""
+        delay = min(max(math.ceil(seconds), 1), MAX_DELAY_SECONDS)
+        now = time.monotonic()
+        self._scheduled = [at for at in self._scheduled if at > now]
+        if any(at <= now + delay + COVER_SLACK_SECONDS for at in self._scheduled):
+            return False
+        sent = await self._queue_client().notify(delay_seconds=delay)
+        if sent:
+            self._scheduled.append(now + delay)
+        else:
+            self._owe(now + delay)
+        return sent
+
+    def take_unsent(self, now: float) -> bool:
+        """Whether a hint that could not be sent would have woken a run by ``now`` (monotonic);
+        forgotten once told (the run it stands for schedules the next)."""
+        if self._unsent is None or self._unsent > now:
+            return False
+        self._unsent = None
+        return True
+
+    def _owe(self, at: float) -> None:
+        self._unsent = at if self._unsent is None else min(self._unsent, at)
+
+    def _queue_client(self) -> WakeUpQueue:
+        if self._queue is None:
+            self._queue = WakeUpQueue.from_settings(self._settings)
+        return self._queue
+
+    async def close(self) -> None:
+        if self._queue is not None:
+            await self._queue.close()

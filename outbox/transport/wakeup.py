@@ -1,0 +1,187 @@
+"""The wake-up queue: tiny base64 JSON hints that tell a relay "rows are waiting"."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from datetime import UTC, datetime, timedelta
+from typing import Any, Self
+
+from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.storage.queue import TextBase64DecodePolicy, TextBase64EncodePolicy
+from azure.storage.queue.aio import QueueClient
+
+from outbox.core.errors import ConfigurationError
+from outbox.core.redact import Redactor
+from outbox.core.resources import Closeable
+from outbox.core.settings import QueueSettings
+
+logger = logging.getLogger("outbox.wakeup")
+
+# A hint is worth little after a few seconds; the business request that sent it must not wait long.
+NOTIFY_TIMEOUT_SECONDS = 5.0
+# The longest an Azure Storage queue keeps a message invisible after it is sent: seven days.
+MAX_DELAY_SECONDS = 7 * 24 * 3600
+CLIENT_OPTIONS: dict[str, Any] = {
+    # Base64, like the queue trigger expects by default: plain text would end in the poison queue.
+    "message_encode_policy": TextBase64EncodePolicy(),
+    "message_decode_policy": TextBase64DecodePolicy(),
+    # One quick retry, not the SDK's default of three after 15 s or more.
+    "retry_total": 1,
+    "initial_backoff": 0.5,
+    "increment_base": 0,
+    "random_jitter_range": 0.25,
+    "connection_timeout": 3,
+    "read_timeout": 5,
+}
+_RAW: dict[str, Any] = {"message_encode_policy": None, "message_decode_policy": None}
+
+
+def hint_message(delay_seconds: int = 0) -> str:
+    """The hint's content: when it was sent (and, delayed, when it is meant to wake a relay),
+    nothing about the business data."""
+    sent = datetime.now(UTC)
+    content = {"requestedAt": sent.isoformat()}
+    if delay_seconds:
+        content["wakeAt"] = (sent + timedelta(seconds=delay_seconds)).isoformat()
+    return json.dumps(content)
+
+
+# What a misconfigured queue connection is called (by both clients, the async and the sync one).
+BAD_CONNECTION_STRING = "AzureWebJobsStorage is not a valid storage connection string"
+NEEDS_IDENTITY = (
+    "an identity-based AzureWebJobsStorage connection needs the azure-identity package "
+    "(pip install azure-identity)"
+)
+
+
+def make_queue_client(settings: QueueSettings, *, encoded: bool = True) -> QueueClient:
+    """An async client for the wake-up queue, from a connection string or a managed identity.
+
+    ``encoded=False`` gives a client that sends and receives message text as it is.
+    """
+    options = CLIENT_OPTIONS if encoded else {**CLIENT_OPTIONS, **_RAW}
+    if settings.queue_connection is not None:
+        try:
+            return QueueClient.from_connection_string(
+                settings.queue_connection.get_secret_value(), settings.queue_name, **options
+            )
+        except ValueError:  # its message never quotes the string, which holds the key
+            raise ConfigurationError(BAD_CONNECTION_STRING) from None
+    account_url = queue_account_url(settings)
+    try:
+        from azure.identity.aio import DefaultAzureCredential  # noqa: PLC0415 - optional extra
+    except ImportError:
+        raise ConfigurationError(NEEDS_IDENTITY) from None
+    return QueueClient(
+        account_url, settings.queue_name, credential=DefaultAzureCredential(), **options
+    )
+
+
+def queue_account_url(settings: QueueSettings) -> str:
+    """The queue service of an identity-based connection; ConfigurationError if none is set."""
+    account_url = settings.queue_service_uri or (
+        f"https://{settings.queue_account_name}.queue.core.windows.net"
+        if settings.queue_account_name
+        else None
+    )
+    if account_url is None:
+        raise ConfigurationError(
+            "no wake-up queue configured: set AzureWebJobsStorage (a connection string) or "
+            "AzureWebJobsStorage__queueServiceUri / AzureWebJobsStorage__accountName (identity)"
+        )
+    return account_url
+
+
+async def close_queue_client(client: QueueClient, *, with_credential: bool = True) -> None:
+    """Close a client from ``make_queue_client``, and the identity credential it made for it.
+
+    Closing a client does not close its credential; an unclosed ``DefaultAzureCredential``
+    keeps an HTTP session (and its sockets) open.
+    """
+    credential = getattr(client, "credential", None) if with_credential else None
+    await client.close()
+    close = getattr(credential, "close", None)
+    if close is not None and asyncio.iscoroutinefunction(close):
+        await close()
+
+
+async def notify_once(settings: QueueSettings | None = None) -> bool:
+    """Send one hint through a client made for it, from ``settings`` or else the environment.
+
+    Never raises, a misconfigured queue included: it logs a warning and returns False.
+    """
+    try:
+        temporary = WakeUpQueue.from_settings(settings)
+    except Exception as exc:  # noqa: BLE001 - a misconfigured hint must not fail the caller either
+        WakeUpQueue.log_not_sent(exc)
+        return False
+    async with temporary:
+        return await temporary.notify()
+
+
+def queue_redactor(settings: QueueSettings) -> Redactor:
+    """What a hint client's errors must never show: the queue's connection string."""
+    connection = settings.queue_connection
+    return Redactor([connection.get_secret_value()] if connection else [])
+
+
+class WakeUpQueue(Closeable):
+    """Sends hints to the wake-up queue; reuse one per process (it holds an HTTP session)."""
+
+    def __init__(
+        self,
+        client: QueueClient,
+        *,
+        redact: Redactor | None = None,
+        owns_credential: bool = False,
+    ) -> None:
+        self.client = client
+        self._redact = redact or Redactor([])
+        # from_settings makes the credential of an identity connection: it closes it too.
+        self._owns_credential = owns_credential
+
+    @classmethod
+    def from_settings(cls, settings: QueueSettings | None = None) -> Self:
+        settings = settings or QueueSettings.load()
+        return cls(
+            make_queue_client(settings), redact=queue_redactor(settings), owns_credential=True
+        )
+
+    async def notify(self, *, delay_seconds: int = 0) -> bool:
+        """Send one hint (invisible for ``delay_seconds``, at most seven days). Never raises: on
+        failure it logs a warning and returns False.
+
+        The outbox row is already committed, so a lost hint only delays delivery until the
+        next timer sweep.
+        """
+        try:
+            async with asyncio.timeout(NOTIFY_TIMEOUT_SECONDS):
+                await self._send(min(max(delay_seconds, 0), MAX_DELAY_SECONDS))
+        except Exception as exc:  # noqa: BLE001 - a hint must never fail the caller
+            self.log_not_sent(exc, self._redact)
+            return False
+        return True
+
+    @staticmethod
+    def log_not_sent(exc: BaseException, redact: Redactor | None = None) -> None:
+        """The one warning a lost hint produces (without any credential in it)."""
+        logger.warning(
+            "outbox wake-up hint not sent (the row is safe; the timer sweep will deliver it): %s",
+            (redact or Redactor([]))(f"{type(exc).__name__}: {exc}"),
+        )
+
+    async def _send(self, delay_seconds: int) -> None:
+        visibility = {"visibility_timeout": delay_seconds} if delay_seconds else {}
+        try:
+            await self.client.send_message(hint_message(delay_seconds), **visibility)
+        except ResourceNotFoundError:
+            # First hint on a new storage account: create the queue, then send again.
+            with contextlib.suppress(ResourceExistsError):
+                await self.client.create_queue()
+            await self.client.send_message(hint_message(delay_seconds), **visibility)
+
+    async def close(self) -> None:
+        await close_queue_client(self.client, with_credential=self._owns_credential)
