@@ -4,6 +4,7 @@
 code, ``outbox.inbox`` for the receiving service (signature check and duplicate detection).
 """
 
+from outbox import inbox, sync
 from outbox.core.errors import (
     ConfigurationError,
     DuplicateMessageError,
@@ -14,7 +15,7 @@ from outbox.core.errors import (
 )
 from outbox.core.models import DrainSummary, Status
 from outbox.core.settings import QueueSettings, Settings
-from outbox.producer import enqueue, inbox, notify, sync, transaction
+from outbox.producer import enqueue, notify, transaction
 from outbox.relay.processor import OutboxProcessor
 from outbox.transport.wakeup import WakeUpQueue
 
