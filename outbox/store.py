@@ -640,11 +640,6 @@ async def _execute(conn: Connection, statement: str) -> None:
     await conn.execute(statement)
 
 
-@database_boundary
-async def _fetchval(conn: Connection, statement: str) -> Any:
-    return await conn.fetchval(statement)
-
-
 class BreakerSeen(NamedTuple):
     """What a relay's lease tells it of an endpoint whose breaker counts failures or is open."""
 
