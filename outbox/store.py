@@ -193,7 +193,9 @@ def lease_statement(batch_size: int) -> str:
     statement = QUERIES["lease_batch"]
     if "LIMIT $4" not in statement:
         raise ValueError("lease_batch no longer takes its batch size as LIMIT $4")
-    return statement.replace("LIMIT $4", f"LIMIT {int(batch_size)}")
+    statement = statement.replace("LIMIT $4", f"LIMIT {int(batch_size)}")
+    # The batch size compared with a count ("was the due scan cut short?").
+    return statement.replace("$4::bigint", f"{int(batch_size)}::bigint")
 
 
 _DUE_ROWS = "    WHERE m.status IN ('Pending', 'Processing')\n"

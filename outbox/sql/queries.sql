@@ -50,7 +50,8 @@ RETURNING webhook_id;
 -- parked instead (next_attempt_at = 'infinity'), so no later lease reads it again until the
 -- message before it is done, and so are the rows queued behind it in its key, in bulk. Parking
 -- takes none of the batch: when the scan met rows to park, the batch is filled from the due
--- rows without a key (their own index), however many rows wait behind held keys.
+-- rows without a key (their own index) and the first due message of other keys (a loose scan
+-- of the ordering index, at most 10,000 keys), however many rows wait behind held keys.
 -- One row per leased message, and one without columns (lease_token NULL) giving the number of
 -- rows parked, if any.
 WITH due AS (
@@ -110,13 +111,14 @@ free AS (
     LIMIT $4
 ),
 heads AS (
-    -- Only when the scan above met rows to park, as "free": the first message of each ordering
-    -- key that may go (nothing before it in its key still waiting: its first row not Processed,
-    -- or under release its first after the Failed ones), if it is due. A loose scan of the
-    -- ordering index (outbox_messages_ordering_idx): one probe per key, in key order, read only
-    -- until the batch is full and at most 10,000 keys a lease; a key held by a Failed message
-    -- or one backing off costs its probe and yields nothing. So rows queued behind held keys,
-    -- however many, do not keep the messages of other keys waiting while they are parked.
+    -- Only when the scan above met rows to park and was cut short by the batch size (else it
+    -- read every due row, these too): the first message of each ordering key that may go
+    -- (nothing before it in its key still waiting: its first row not Processed, or under
+    -- release its first after the Failed ones), if it is due. A loose scan of the ordering
+    -- index (outbox_messages_ordering_idx): one probe per key, in key order, read only until
+    -- the batch is full and at most 10,000 keys a lease; a key held by a Failed message or one
+    -- backing off costs its probe and yields nothing. So rows queued behind held keys, however
+    -- many, do not keep the messages of other keys waiting while they are parked.
     WITH RECURSIVE keys AS (
         (SELECT e.ordering_key, e.ordering_seq, e.outbox_message_id, e.status, e.event_type,
                 e.created_at,
@@ -126,6 +128,7 @@ heads AS (
                 1 AS visited
          FROM outbox_messages AS e
          WHERE EXISTS (SELECT 1 FROM due WHERE due.waits_for IS NOT NULL)
+           AND (SELECT count(*) FROM due) >= $4::bigint
            AND e.ordering_key IS NOT NULL
            AND e.status <> 'Processed'
          ORDER BY e.ordering_key, e.ordering_seq

@@ -4,6 +4,7 @@ parking and letting go never strand a message, and each key's order holds."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -189,3 +190,36 @@ async def test_under_release_the_message_after_a_failed_one_goes_beside_a_held_b
     assert ids[1] in leased
     assert ids[2] not in leased
     assert first.parked > 0
+
+
+def keys_visited(plan: dict[str, Any]) -> int:
+    """Keys the lease's loose scan of the ordering index visited (its recursive union's rows)."""
+    visited = plan["Actual Rows"] if plan["Node Type"] == "Recursive Union" else 0
+    return visited + sum(keys_visited(child) for child in plan.get("Plans", []))
+
+
+async def test_a_lease_that_reads_every_due_row_visits_no_keys(db: Any) -> None:
+    """The loose scan of the keys runs only when rows to park filled the due scan: a lease that
+    meets a few new rows behind held keys (as steady traffic brings them) reads no key."""
+    await db.execute(HELD_BACKLOG, HELD_KEYS, 5)
+    async with db.transaction():
+        for n in range(20):
+            await outbox.enqueue(db, "OrderCompleted", {"n": n}, ordering_key=f"k{n}")
+    await db.execute("ANALYZE outbox_messages")
+    assert await visited_by_a_lease(db) == 0
+    # The same lease, its scan full of rows to park, visits the keys (every one, as few as
+    # they are here).
+    await db.execute(HELD_BACKLOG, HELD_KEYS, 100)
+    await db.execute("ANALYZE outbox_messages")
+    assert await visited_by_a_lease(db) == HELD_KEYS + 20
+
+
+async def visited_by_a_lease(db: Any) -> int:
+    explain = "EXPLAIN (ANALYZE, FORMAT JSON) " + store.lease_statement(100)
+    transaction = db.transaction()
+    await transaction.start()
+    try:
+        raw = await db.fetchval(explain, 60.0, True, 1_048_576)
+    finally:
+        await transaction.rollback()
+    return keys_visited((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"])
