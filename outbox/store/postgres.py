@@ -193,11 +193,14 @@ def lease_statement(batch_size: int) -> str:
     statement = QUERIES["lease_batch"]
     if "LIMIT $4" not in statement:
         raise ValueError("lease_batch no longer takes its batch size as LIMIT $4")
-    return statement.replace("LIMIT $4", f"LIMIT {int(batch_size)}")
+    statement = statement.replace("LIMIT $4", f"LIMIT {int(batch_size)}")
+    # The batch size compared with a count ("was the due scan cut short?").
+    return statement.replace("$4::bigint", f"{int(batch_size)}::bigint")
 
 
 _DUE_ROWS = "    WHERE m.status IN ('Pending', 'Processing')\n"
 _FREE_ROWS = "      AND m.ordering_key IS NULL\n"
+_HEAD_ROWS = "                AND h.due_at <= now()\n"
 
 
 @functools.cache
@@ -210,11 +213,15 @@ def lease_past_statement() -> str:
     statement = statement.replace("WITH due AS (", f"WITH {QUERIES['lease_past']}\ndue AS (")
     past = "      AND m.outbox_message_id = ANY (ARRAY(SELECT outbox_message_id FROM past))\n"
     statement = statement.replace(_DUE_ROWS, _DUE_ROWS + past)
-    # The rows without a key taken beside parked ones ("free") skip the same event types.
-    if statement.count(_FREE_ROWS) != 1:
+    # The rows without a key taken beside parked ones ("free") and the first messages of other
+    # keys ("heads") skip the same event types.
+    if statement.count(_FREE_ROWS) != 1 or statement.count(_HEAD_ROWS) != 1:
         raise ValueError("lease_batch no longer has the shape lease_past is spliced into")
-    return statement.replace(
+    statement = statement.replace(
         _FREE_ROWS, _FREE_ROWS + "      AND m.event_type <> ALL ($5::text[])\n"
+    )
+    return statement.replace(
+        _HEAD_ROWS, _HEAD_ROWS + "                AND h.event_type <> ALL ($5::text[])\n"
     )
 
 

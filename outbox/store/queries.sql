@@ -50,7 +50,8 @@ RETURNING webhook_id;
 -- parked instead (next_attempt_at = 'infinity'), so no later lease reads it again until the
 -- message before it is done, and so are the rows queued behind it in its key, in bulk. Parking
 -- takes none of the batch: when the scan met rows to park, the batch is filled from the due
--- rows without a key (their own index), however many rows wait behind held keys.
+-- rows without a key (their own index) and the first due message of other keys (a loose scan
+-- of the ordering index, at most 10,000 keys), however many rows wait behind held keys.
 -- One row per leased message, and one without columns (lease_token NULL) giving the number of
 -- rows parked, if any.
 WITH due AS (
@@ -109,12 +110,95 @@ free AS (
     FOR UPDATE OF m SKIP LOCKED
     LIMIT $4
 ),
+heads AS (
+    -- Only when the scan above met rows to park and was cut short by the batch size (else it
+    -- read every due row, these too): the first message of each ordering key that may go
+    -- (nothing before it in its key still waiting: its first row not Processed, or under
+    -- release its first after the Failed ones), if it is due. A loose scan of the ordering
+    -- index (outbox_messages_ordering_idx): one probe per key, in key order, read only until
+    -- the batch is full and at most 10,000 keys a lease; a key held by a Failed message or one
+    -- backing off costs its probe and yields nothing. So rows queued behind held keys, however
+    -- many, do not keep the messages of other keys waiting while they are parked.
+    WITH RECURSIVE keys AS (
+        (SELECT e.ordering_key, e.ordering_seq, e.outbox_message_id, e.status, e.event_type,
+                e.created_at,
+                (CASE WHEN e.status = 'Processing'
+                      THEN COALESCE(e.lease_expires_at, '-infinity'::timestamptz)
+                      ELSE e.next_attempt_at END) AS due_at,
+                1 AS visited
+         FROM outbox_messages AS e
+         WHERE EXISTS (SELECT 1 FROM due WHERE due.waits_for IS NOT NULL)
+           AND (SELECT count(*) FROM due) >= $4::bigint
+           AND e.ordering_key IS NOT NULL
+           AND e.status <> 'Processed'
+         ORDER BY e.ordering_key, e.ordering_seq
+         LIMIT 1)
+        UNION ALL
+        SELECT n.ordering_key, n.ordering_seq, n.outbox_message_id, n.status, n.event_type,
+               n.created_at, n.due_at, k.visited + 1
+        FROM keys AS k
+        CROSS JOIN LATERAL (
+            SELECT e.ordering_key, e.ordering_seq, e.outbox_message_id, e.status, e.event_type,
+                   e.created_at,
+                   (CASE WHEN e.status = 'Processing'
+                         THEN COALESCE(e.lease_expires_at, '-infinity'::timestamptz)
+                         ELSE e.next_attempt_at END) AS due_at
+            FROM outbox_messages AS e
+            WHERE e.ordering_key > k.ordering_key
+              AND e.status <> 'Processed'
+            ORDER BY e.ordering_key, e.ordering_seq
+            LIMIT 1
+        ) AS n
+        WHERE k.visited < 10000
+    ),
+    firsts AS (
+        SELECT k.outbox_message_id, k.status, k.event_type, k.created_at, k.due_at
+        FROM keys AS k
+        WHERE k.status <> 'Failed' OR $2::bool
+        UNION ALL
+        -- Under release a Failed message lets the rest of its key go: the first after it.
+        SELECT f.outbox_message_id, f.status, f.event_type, f.created_at, f.due_at
+        FROM keys AS k
+        CROSS JOIN LATERAL (
+            SELECT e.outbox_message_id, e.status, e.event_type, e.created_at,
+                   (CASE WHEN e.status = 'Processing'
+                         THEN COALESCE(e.lease_expires_at, '-infinity'::timestamptz)
+                         ELSE e.next_attempt_at END) AS due_at
+            FROM outbox_messages AS e
+            WHERE e.ordering_key = k.ordering_key
+              AND e.ordering_seq > k.ordering_seq
+              AND e.status NOT IN ('Processed', 'Failed')
+            ORDER BY e.ordering_seq
+            LIMIT 1
+        ) AS f
+        WHERE k.status = 'Failed' AND NOT $2::bool
+    )
+    -- Locked as the due rows are, and checked again at their latest version (by id: the due
+    -- time is spelled so that no plan reads the due index for it).
+    SELECT m.outbox_message_id, m.created_at,
+           (CASE WHEN m.status = 'Processing'
+                 THEN COALESCE(m.lease_expires_at, '-infinity'::timestamptz)
+                 ELSE m.next_attempt_at END) AS due_at
+    FROM outbox_messages AS m
+    WHERE m.outbox_message_id = ANY (ARRAY(
+              SELECT h.outbox_message_id
+              FROM firsts AS h
+              WHERE h.status IN ('Pending', 'Processing')
+                AND h.due_at <= now()
+              LIMIT $4))
+      AND ((m.status = 'Pending' AND m.next_attempt_at <= now())
+           OR (m.status = 'Processing'
+               AND COALESCE(m.lease_expires_at, '-infinity'::timestamptz) <= now()))
+    FOR UPDATE OF m SKIP LOCKED
+),
 batch AS (
     -- The messages leased: the first of those free to go, in due order.
     SELECT c.outbox_message_id
     FROM (SELECT outbox_message_id, due_at, created_at FROM due WHERE waits_for IS NULL
           UNION
-          SELECT outbox_message_id, due_at, created_at FROM free) AS c
+          SELECT outbox_message_id, due_at, created_at FROM free
+          UNION
+          SELECT outbox_message_id, due_at, created_at FROM heads) AS c
     ORDER BY c.due_at, c.created_at
     LIMIT $4
 ),

@@ -4,6 +4,7 @@ parking and letting go never strand a message, and each key's order holds."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections import defaultdict
 from typing import Any
 
@@ -109,11 +110,13 @@ SELECT gen_random_uuid(), 'OrderCompleted', jsonb_build_object('key', k, 'n', n)
 FROM (SELECT k, n FROM generate_series(1, $1) AS k, generate_series(0, $2) AS n
       ORDER BY n, k) AS rows
 """
-HELD_KEYS, HELD_BEHIND = 4, 2_500
+# Twice what one lease parks (10,000): the backlog is still being parked after the first lease.
+HELD_KEYS, HELD_BEHIND = 4, 5_000
+PARKED_BY_A_LEASE = 10_000
 
 
-async def lease(db: Any) -> store.Lease:
-    return await store.lease_batch(db, 100, 60.0, usual_size=100)
+async def lease(db: Any, *, skip: tuple[str, ...] = ()) -> store.Lease:
+    return await store.lease_batch(db, 100, 60.0, usual_size=100, skip=skip)
 
 
 async def test_messages_beside_a_held_backlog_are_leased_by_the_first_leases(db: Any) -> None:
@@ -124,15 +127,100 @@ async def test_messages_beside_a_held_backlog_are_leased_by_the_first_leases(db:
             unkeyed.add(await outbox.enqueue(db, "OrderCompleted", {"n": n}))
             keyed.add(await outbox.enqueue(db, "OrderCompleted", {"n": n}, ordering_key=f"k{n}"))
     await db.execute("ANALYZE outbox_messages")
-
-    # The first lease takes every message without a key (before: none, it parked 100 held rows
-    # and was full) and parks the whole backlog behind the held keys, however long.
-    first = await lease(db)
-    assert {m.message_id for m in first.messages} == unkeyed
-    assert first.parked == HELD_KEYS * HELD_BEHIND
     parked = "SELECT count(*) FROM outbox_messages WHERE next_attempt_at = 'infinity'"
-    assert await db.fetchval(parked) == HELD_KEYS * HELD_BEHIND
-    # The next one the messages of other keys, and then nothing is left.
+
+    # The first lease takes every message without a key (from their own index) and the first
+    # message of every other key (before: none of them, it parked 100 held rows and was full;
+    # then the keyed ones waited until the whole backlog was parked), and parks the 100 held
+    # rows its scan met and 10,000 more queued behind them in bulk.
+    first = await lease(db)
+    assert {m.message_id for m in first.messages} == unkeyed | keyed
+    assert first.parked == 100 + PARKED_BY_A_LEASE
+    assert await db.fetchval(parked) == first.parked
+    # The next one parks the rest of the backlog, and then nothing is left.
     second = await lease(db)
-    assert ({m.message_id for m in second.messages}, second.parked) == (keyed, 0)
+    assert (second.messages, second.parked) == ([], HELD_KEYS * HELD_BEHIND - first.parked)
+    assert await db.fetchval(parked) == HELD_KEYS * HELD_BEHIND
     assert (await lease(db)).taken == 0
+
+
+async def test_the_first_messages_of_other_keys_beside_a_held_backlog_keep_their_order(
+    db: Any,
+) -> None:
+    """Beside a backlog being parked, a lease takes one message of another key, its first, and
+    none of a key whose first is Failed (hold) or backing off; a lease that reads past some
+    event types skips theirs."""
+    await db.execute(HELD_BACKLOG, HELD_KEYS, HELD_BEHIND)
+    async with db.transaction():
+        firsts = {await outbox.enqueue(db, "OrderCompleted", {"n": 0}, ordering_key="k")}
+        await outbox.enqueue(db, "OrderCompleted", {"n": 1}, ordering_key="k")
+        backing_off = await outbox.enqueue(db, "OrderCompleted", {"n": 0}, ordering_key="later")
+        await outbox.enqueue(db, "OrderCompleted", {"n": 1}, ordering_key="later")
+        skipped = await outbox.enqueue(db, "OrderShipped", {"n": 0}, ordering_key="shipped")
+    await db.execute(
+        "UPDATE outbox_messages SET next_attempt_at = now() + interval '1 hour' "
+        "WHERE outbox_message_id = $1",
+        backing_off,
+    )
+    await db.execute("ANALYZE outbox_messages")
+
+    first = await lease(db, skip=("OrderShipped",))
+    assert {m.message_id for m in first.messages} == firsts
+    assert first.parked > 0
+    # Once the first of "k" is in flight, the next lease takes nothing more of that key.
+    second = await lease(db)
+    assert {m.message_id for m in second.messages} == {skipped}
+
+
+async def test_under_release_the_message_after_a_failed_one_goes_beside_a_held_backlog(
+    db: Any,
+) -> None:
+    await db.execute(HELD_BACKLOG, HELD_KEYS, HELD_BEHIND)
+    async with db.transaction():
+        ids = [
+            await outbox.enqueue(db, "OrderCompleted", {"n": n}, ordering_key="k") for n in range(3)
+        ]
+    await db.execute(
+        "UPDATE outbox_messages SET status = 'Failed' WHERE outbox_message_id = $1", ids[0]
+    )
+    await db.execute("ANALYZE outbox_messages")
+
+    first = await store.lease_batch(db, 100, 60.0, hold_on_failure=False, usual_size=100)
+    # Release: a Failed message lets the rest of its key go, one at a time.
+    leased = {m.message_id for m in first.messages}
+    assert ids[1] in leased
+    assert ids[2] not in leased
+    assert first.parked > 0
+
+
+def keys_visited(plan: dict[str, Any]) -> int:
+    """Keys the lease's loose scan of the ordering index visited (its recursive union's rows)."""
+    visited = plan["Actual Rows"] if plan["Node Type"] == "Recursive Union" else 0
+    return visited + sum(keys_visited(child) for child in plan.get("Plans", []))
+
+
+async def test_a_lease_that_reads_every_due_row_visits_no_keys(db: Any) -> None:
+    """The loose scan of the keys runs only when rows to park filled the due scan: a lease that
+    meets a few new rows behind held keys (as steady traffic brings them) reads no key."""
+    await db.execute(HELD_BACKLOG, HELD_KEYS, 5)
+    async with db.transaction():
+        for n in range(20):
+            await outbox.enqueue(db, "OrderCompleted", {"n": n}, ordering_key=f"k{n}")
+    await db.execute("ANALYZE outbox_messages")
+    assert await visited_by_a_lease(db) == 0
+    # The same lease, its scan full of rows to park, visits the keys (every one, as few as
+    # they are here).
+    await db.execute(HELD_BACKLOG, HELD_KEYS, 100)
+    await db.execute("ANALYZE outbox_messages")
+    assert await visited_by_a_lease(db) == HELD_KEYS + 20
+
+
+async def visited_by_a_lease(db: Any) -> int:
+    explain = "EXPLAIN (ANALYZE, FORMAT JSON) " + store.lease_statement(100)
+    transaction = db.transaction()
+    await transaction.start()
+    try:
+        raw = await db.fetchval(explain, 60.0, True, 1_048_576)
+    finally:
+        await transaction.rollback()
+    return keys_visited((json.loads(raw) if isinstance(raw, str) else raw)[0]["Plan"])
