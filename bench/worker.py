@@ -304,8 +304,8 @@ async def run_hints(args: argparse.Namespace) -> dict[str, Any]:
     from azure.core.exceptions import AzureError, ResourceExistsError
 
     from outbox.azure import triggers
+    from outbox.azure.host import functions_host
     from outbox.core.settings import QueueSettings
-    from outbox.relay.runtime import close_shared_relay
     from outbox.transport.wakeup import make_queue_client
 
     stop = asyncio.Event()
@@ -337,7 +337,7 @@ async def run_hints(args: argparse.Namespace) -> dict[str, Any]:
             drains += 1
             with contextlib.suppress(AzureError):  # not deleted: it comes back, one more drain
                 await client.delete_message(message)
-    await close_shared_relay()
+    await functions_host.close()
     return {"drains": drains}
 
 

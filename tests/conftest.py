@@ -12,8 +12,8 @@ from typing import Any
 import asyncpg
 import pytest
 
+from outbox.azure.host import functions_host
 from outbox.core.settings import QueueSettings, Settings
-from outbox.relay.runtime import close_shared_relay
 from tests.support import pg
 from tests.support.azurite import Azurite
 from tests.support.receiver import Receiver
@@ -115,4 +115,4 @@ async def app_env(
     )
     monkeypatch.setenv("OUTBOX_HTTP_TIMEOUT_SECONDS", "5")
     yield
-    await close_shared_relay()
+    await functions_host.close()

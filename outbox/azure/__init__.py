@@ -1,2 +1,3 @@
-"""The Azure Functions side: the Blueprint (``functions``) and the host-agnostic triggers it calls
-(``triggers``). Imports the layers below; never ``outbox.hosting``."""
+"""The Azure Functions side: the Blueprint (``functions``), the host-agnostic triggers it calls
+(``triggers``) and the one place that builds their settings and relay (``host``). Imports the
+layers below; never ``outbox.hosting``."""

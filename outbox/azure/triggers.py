@@ -12,11 +12,11 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec
 
+from outbox.azure.host import functions_host
 from outbox.core import requests
 from outbox.core.errors import BadRequestError, DatabaseError, DrainFailedError, OutboxError
 from outbox.core.logs import log_event
 from outbox.core.models import DrainSummary
-from outbox.relay.runtime import shared_relay
 from outbox.store import operations
 
 logger = logging.getLogger("outbox.triggers")
@@ -33,7 +33,7 @@ async def drain(
     trigger: str, budget_seconds: float | None = None, *, until_caught_up: bool = False
 ) -> DrainSummary:
     """Run the shared processor once and log its summary."""
-    relay = await shared_relay()
+    relay = await functions_host.relay()
     summary = await relay.drain(budget_seconds, until_caught_up=until_caught_up, trigger=trigger)
     level = logging.ERROR if summary.error else logging.INFO
     log_event(logger, level, "outbox.drain", trigger=trigger, **summary.as_dict())
@@ -77,7 +77,7 @@ async def on_timer(*, past_due: bool) -> DrainSummary:
 
 async def record_backlog() -> None:
     """The sweep's backlog figures, for the telemetry's gauges; a failure is only a warning."""
-    relay = await shared_relay()
+    relay = await functions_host.relay()
     try:
         await operations.backlog_status(relay.pool, relay.settings.alert_oldest_pending_seconds)
     except DatabaseError as exc:
@@ -137,7 +137,7 @@ async def on_drain_request(query: Query | Mapping[str, str], body: bytes) -> Htt
 async def on_status_request(query: Query | Mapping[str, str] = ()) -> HttpResult:
     """HTTP trigger: ``GET /api/outbox/status`` → 200 when healthy, 503 when not (same JSON)."""
     query_parameters(_pairs(query), allowed=HTTP_PARAMETERS)
-    relay = await shared_relay()
+    relay = await functions_host.relay()
     status = await operations.backlog_status(
         relay.pool, relay.settings.alert_oldest_pending_seconds
     )
@@ -148,7 +148,7 @@ async def on_status_request(query: Query | Mapping[str, str] = ()) -> HttpResult
 async def on_requeue_request(body: bytes) -> HttpResult:
     """HTTP trigger: ``POST /api/outbox/requeue`` with a JSON body naming the Failed rows."""
     wanted = parse_requeue(body)
-    relay = await shared_relay()
+    relay = await functions_host.relay()
     report = await operations.requeue(relay.pool, wanted.filter, dry_run=wanted.dry_run)
     log_event(
         logger, logging.INFO, "outbox.requeue", requeued=report.requeued, dry_run=wanted.dry_run
@@ -160,7 +160,7 @@ async def on_requeue_request(body: bytes) -> HttpResult:
 
 async def on_purge_timer() -> operations.PurgeReport:
     """Daily timer: delete rows past retention, in short batches."""
-    relay = await shared_relay()
+    relay = await functions_host.relay()
     settings = relay.settings
     report = await operations.purge(
         relay.pool,

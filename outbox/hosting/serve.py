@@ -50,6 +50,7 @@ from azure.storage.queue import QueueMessage as StoredMessage
 from azure.storage.queue.aio import QueueClient
 
 from outbox.azure import functions, triggers
+from outbox.azure.host import functions_host
 from outbox.core.errors import ConfigurationError, describe
 from outbox.core.logs import Throttled
 from outbox.core.redact import Redactor
@@ -63,7 +64,6 @@ from outbox.hosting.connections import (
     default_max_connections,
 )
 from outbox.hosting.ncrontab import Schedule
-from outbox.relay import runtime
 from outbox.transport.wakeup import close_queue_client, make_queue_client
 
 logger = logging.getLogger("outbox.serve")
@@ -408,26 +408,24 @@ async def serve(
     app: func.FunctionApp,
     options: ServeOptions,
     stopping: asyncio.Event,
-    settings: Settings | None = None,
+    settings: Settings,
 ) -> None:
     """Run every function of ``app`` until ``stopping`` is set, then shut down gracefully.
 
-    ``settings``: the process's, loaded once by the caller and used by the functions too.
+    ``settings``: the process's, built once by the caller and handed to the functions' host.
     """
     bindings = index(app)
     queue_options = QueueOptions.from_host_json(host_json_path(options.host_json))
-    if settings is not None:
-        runtime.use_settings(settings)
-    queue_settings: QueueSettings = settings or QueueSettings.load()
+    functions_host.use(settings)
     queued = [b for b in bindings if b.trigger["type"] == "queueTrigger"]
-    if queued and not queue_settings.has_queue:
+    if queued and not settings.has_queue:
         logger.warning(
             "no wake-up queue configured (AzureWebJobsStorage): %s not served; the timer still "
             "sweeps every five minutes and the HTTP drain works",
             ", ".join(b.name for b in queued),
         )
         queued = []
-    listeners = [QueueListener(b, queue_settings, queue_options) for b in queued]
+    listeners = [QueueListener(b, settings, queue_options) for b in queued]
     http = [b for b in bindings if b.trigger["type"] == "httpTrigger"]
     redact = failure_redactor(settings)
     AcceptErrors.install(Throttled(logger, ACCEPT_ERROR_LOG_INTERVAL_SECONDS))
@@ -458,12 +456,12 @@ async def serve(
         await stopping.wait()
     finally:
         logger.info("stopping: finishing in-flight deliveries")
-        await runtime.stop_shared_relay()
+        functions_host.stop()
         await runner.cleanup()
         await asyncio.gather(*tasks, return_exceptions=True)
         for listener in listeners:
             await listener.close()
-        await runtime.close_shared_relay()
+        await functions_host.close()
         logger.info("stopped")
 
 
@@ -483,7 +481,7 @@ async def _drain_for_unsent_hints(stopping: asyncio.Event, redact: Redactor) -> 
             await asyncio.wait_for(stopping.wait(), UNSENT_HINT_CHECK_SECONDS)
             return
         try:
-            relay = await runtime.shared_relay()
+            relay = await functions_host.relay()
             if relay.wakeups is not None and relay.wakeups.take_unsent(time.monotonic()):
                 await triggers.drain("unsent-hint", until_caught_up=True)
         except Exception as exc:  # noqa: BLE001 - like a timer's failure: the next check tries

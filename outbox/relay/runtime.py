@@ -1,7 +1,7 @@
 """The clients one process needs (a database pool, an HTTP session) and the processor over them.
 
-Triggers use ``shared_relay()``: created on first use, not at import (the Functions host imports
-the app while indexing, before any invocation), then reused by every invocation of the process.
+``Relay.open(settings)`` takes the settings its caller built: a command, ``outbox serve``, or the
+Functions side's one host (``outbox.azure.host``), which opens one relay per process and shares it.
 """
 
 from __future__ import annotations
@@ -76,51 +76,3 @@ class Relay(Closeable):
             await self.wakeups.close()
         await self.publisher.close()
         await self.pool.close()
-
-
-_shared: Relay | None = None
-_shared_lock = asyncio.Lock()
-_settings: Settings | None = None
-
-
-def use_settings(settings: Settings) -> None:
-    """Run the process's relay with ``settings`` (a host that has loaded them already)."""
-    global _settings  # noqa: PLW0603 - one configuration per process, by design
-    _settings = settings
-
-
-def process_settings() -> Settings:
-    """The process's settings: those given to ``use_settings``, else read from the
-    environment once (the Functions host sets the app settings before the first invocation)."""
-    global _settings  # noqa: PLW0603
-    if _settings is None:
-        _settings = Settings.load()
-    return _settings
-
-
-async def shared_relay() -> Relay:
-    """The process-wide relay, opened on first use with the process's settings."""
-    global _shared  # noqa: PLW0603 - one relay per worker process, by design
-    async with _shared_lock:
-        if _shared is not None and _shared.loop is not asyncio.get_running_loop():
-            # Only in tests: a new event loop cannot use clients bound to the old one.
-            _shared = None
-        if _shared is None:
-            _shared = await Relay.open(process_settings())
-        return _shared
-
-
-async def stop_shared_relay() -> None:
-    """Make running drains of the process-wide relay wrap up (graceful shutdown)."""
-    if _shared is not None:
-        _shared.processor.stop()
-
-
-async def close_shared_relay() -> None:
-    """Close the process-wide relay and forget its settings (host shutdown, tests)."""
-    global _shared, _settings  # noqa: PLW0603
-    async with _shared_lock:
-        _settings = None
-        if _shared is not None:
-            relay, _shared = _shared, None
-            await relay.close()

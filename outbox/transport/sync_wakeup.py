@@ -17,34 +17,13 @@ from typing import Self
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
-from outbox.core.errors import ConfigurationError
-from outbox.core.redact import Redactor
 from outbox.core.settings import QueueSettings
 from outbox.transport import wakeup
 
 
 def make_sync_queue_client(settings: QueueSettings) -> QueueClient:
     """A synchronous client for the wake-up queue, from a connection string or an identity."""
-    if settings.queue_connection is not None:
-        try:
-            return QueueClient.from_connection_string(
-                settings.queue_connection.get_secret_value(),
-                settings.queue_name,
-                **wakeup.CLIENT_OPTIONS,
-            )
-        except ValueError:  # its message never quotes the string, which holds the key
-            raise ConfigurationError(wakeup.BAD_CONNECTION_STRING) from None
-    account_url = wakeup.queue_account_url(settings)
-    try:
-        from azure.identity import DefaultAzureCredential  # noqa: PLC0415 - optional extra
-    except ImportError:
-        raise ConfigurationError(wakeup.NEEDS_IDENTITY) from None
-    return QueueClient(
-        account_url,
-        settings.queue_name,
-        credential=DefaultAzureCredential(),
-        **wakeup.CLIENT_OPTIONS,
-    )
+    return wakeup.build_client(settings, QueueClient, "azure.identity", wakeup.CLIENT_OPTIONS)
 
 
 def notify_once(settings: QueueSettings | None = None) -> bool:
@@ -52,31 +31,20 @@ def notify_once(settings: QueueSettings | None = None) -> bool:
 
     Never raises, a misconfigured queue included: it logs a warning and returns False.
     """
-    try:
-        temporary = WakeUpQueue.from_settings(settings)
-    except Exception as exc:  # noqa: BLE001 - a misconfigured hint must not fail the caller either
-        wakeup.WakeUpQueue.log_not_sent(exc)
+    temporary = WakeUpQueue.for_one_hint(settings)
+    if temporary is None:
         return False
     with temporary:
         return temporary.notify()
 
 
-class WakeUpQueue:
+class WakeUpQueue(wakeup.HintClient[QueueClient]):
     """Sends hints to the wake-up queue from synchronous code; reuse one per process (it holds
     an HTTP session). ``with`` closes it, as ``close()`` does."""
 
-    def __init__(
-        self, client: QueueClient, *, redact: Redactor | None = None, owns_credential: bool = False
-    ) -> None:
-        self.client = client
-        self._redact = redact or Redactor([])
-        self._owns_credential = owns_credential
-
     @classmethod
-    def from_settings(cls, settings: QueueSettings | None = None) -> Self:
-        settings = settings or QueueSettings.load()
-        client = make_sync_queue_client(settings)
-        return cls(client, redact=wakeup.queue_redactor(settings), owns_credential=True)
+    def client_for(cls, settings: QueueSettings) -> QueueClient:
+        return make_sync_queue_client(settings)
 
     def notify(self) -> bool:
         """Send one hint. Never raises: on failure, or without an answer within
@@ -90,13 +58,12 @@ class WakeUpQueue:
             target=self._send_into, args=(outcome,), name="outbox-wake-up-hint", daemon=True
         )
         sender.start()
-        sender.join(wakeup.NOTIFY_TIMEOUT_SECONDS)
         seconds = wakeup.NOTIFY_TIMEOUT_SECONDS
+        sender.join(seconds)
         error = outcome[0] if outcome else TimeoutError(f"no answer in {seconds:g} s")
         if error is not None:
-            wakeup.WakeUpQueue.log_not_sent(error, self._redact)
-            return False
-        return True
+            self.log_not_sent(error, self._redact)
+        return error is None
 
     def _send_into(self, outcome: list[BaseException | None]) -> None:
         try:

@@ -1,13 +1,18 @@
-"""The wake-up queue: tiny base64 JSON hints that tell a relay "rows are waiting"."""
+"""The wake-up queue: tiny base64 JSON hints that tell a relay "rows are waiting".
+
+The async client (``WakeUpQueue``), and what the synchronous one (``sync_wakeup``) shares with it:
+the hint, the client's options, ``build_client`` and ``HintClient``; each keeps its own I/O.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import json
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import Any, Self
+from typing import Any, Generic, Self, TypeVar, cast
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import TextBase64DecodePolicy, TextBase64EncodePolicy
@@ -37,6 +42,14 @@ CLIENT_OPTIONS: dict[str, Any] = {
     "read_timeout": 5,
 }
 _RAW: dict[str, Any] = {"message_encode_policy": None, "message_decode_policy": None}
+# What a misconfigured queue connection is called (by both clients, the async and the sync one).
+BAD_CONNECTION_STRING = "AzureWebJobsStorage is not a valid storage connection string"
+NEEDS_IDENTITY = (
+    "an identity-based AzureWebJobsStorage connection needs the azure-identity package "
+    "(pip install azure-identity)"
+)
+
+Client = TypeVar("Client")
 
 
 def hint_message(delay_seconds: int = 0) -> str:
@@ -47,37 +60,6 @@ def hint_message(delay_seconds: int = 0) -> str:
     if delay_seconds:
         content["wakeAt"] = (sent + timedelta(seconds=delay_seconds)).isoformat()
     return json.dumps(content)
-
-
-# What a misconfigured queue connection is called (by both clients, the async and the sync one).
-BAD_CONNECTION_STRING = "AzureWebJobsStorage is not a valid storage connection string"
-NEEDS_IDENTITY = (
-    "an identity-based AzureWebJobsStorage connection needs the azure-identity package "
-    "(pip install azure-identity)"
-)
-
-
-def make_queue_client(settings: QueueSettings, *, encoded: bool = True) -> QueueClient:
-    """An async client for the wake-up queue, from a connection string or a managed identity.
-
-    ``encoded=False`` gives a client that sends and receives message text as it is.
-    """
-    options = CLIENT_OPTIONS if encoded else {**CLIENT_OPTIONS, **_RAW}
-    if settings.queue_connection is not None:
-        try:
-            return QueueClient.from_connection_string(
-                settings.queue_connection.get_secret_value(), settings.queue_name, **options
-            )
-        except ValueError:  # its message never quotes the string, which holds the key
-            raise ConfigurationError(BAD_CONNECTION_STRING) from None
-    account_url = queue_account_url(settings)
-    try:
-        from azure.identity.aio import DefaultAzureCredential  # noqa: PLC0415 - optional extra
-    except ImportError:
-        raise ConfigurationError(NEEDS_IDENTITY) from None
-    return QueueClient(
-        account_url, settings.queue_name, credential=DefaultAzureCredential(), **options
-    )
 
 
 def queue_account_url(settings: QueueSettings) -> str:
@@ -93,6 +75,81 @@ def queue_account_url(settings: QueueSettings) -> str:
             "AzureWebJobsStorage__queueServiceUri / AzureWebJobsStorage__accountName (identity)"
         )
     return account_url
+
+
+def queue_redactor(settings: QueueSettings) -> Redactor:
+    """What a hint client's errors must never show: the queue's connection string."""
+    connection = settings.queue_connection
+    return Redactor([connection.get_secret_value()] if connection else [])
+
+
+def build_client(
+    settings: QueueSettings, kind: type[Client], identity: str, options: dict[str, Any]
+) -> Client:
+    """A ``kind`` of SDK queue client (the async or the sync ``QueueClient``) for the wake-up
+    queue, from a connection string, or a managed identity (``DefaultAzureCredential`` of the
+    ``identity`` module, an optional extra)."""
+    sdk: Any = kind
+    if settings.queue_connection is not None:
+        secret = settings.queue_connection.get_secret_value()
+        try:
+            return cast(Client, sdk.from_connection_string(secret, settings.queue_name, **options))
+        except ValueError:  # its message never quotes the string, which holds the key
+            raise ConfigurationError(BAD_CONNECTION_STRING) from None
+    account_url = queue_account_url(settings)
+    try:
+        credential = importlib.import_module(identity).DefaultAzureCredential()
+    except ImportError:
+        raise ConfigurationError(NEEDS_IDENTITY) from None
+    return cast(Client, sdk(account_url, settings.queue_name, credential=credential, **options))
+
+
+class HintClient(Generic[Client]):
+    """A wake-up queue client's state: the SDK client, what its errors must never show, and
+    whether it closes the client's credential (``from_settings`` makes an identity's)."""
+
+    def __init__(
+        self, client: Client, *, redact: Redactor | None = None, owns_credential: bool = False
+    ) -> None:
+        self.client = client
+        self._redact = redact or Redactor([])
+        self._owns_credential = owns_credential
+
+    @classmethod
+    def client_for(cls, settings: QueueSettings) -> Client:
+        raise NotImplementedError
+
+    @classmethod
+    def from_settings(cls, settings: QueueSettings | None = None) -> Self:
+        settings = settings or QueueSettings.load()
+        return cls(cls.client_for(settings), redact=queue_redactor(settings), owns_credential=True)
+
+    @classmethod
+    def for_one_hint(cls, settings: QueueSettings | None) -> Self | None:
+        """A client for one hint (``notify_once``), from ``settings`` or else the environment;
+        None, with the warning logged, when they make none (a misconfigured queue)."""
+        try:
+            return cls.from_settings(settings)
+        except Exception as exc:  # noqa: BLE001 - a misconfigured hint must not fail the caller
+            cls.log_not_sent(exc)
+            return None
+
+    @staticmethod
+    def log_not_sent(exc: BaseException, redact: Redactor | None = None) -> None:
+        """The one warning a lost hint produces (without any credential in it)."""
+        logger.warning(
+            "outbox wake-up hint not sent (the row is safe; the timer sweep will deliver it): %s",
+            (redact or Redactor([]))(f"{type(exc).__name__}: {exc}"),
+        )
+
+
+def make_queue_client(settings: QueueSettings, *, encoded: bool = True) -> QueueClient:
+    """An async client for the wake-up queue, from a connection string or a managed identity.
+
+    ``encoded=False`` gives a client that sends and receives message text as it is.
+    """
+    options = CLIENT_OPTIONS if encoded else {**CLIENT_OPTIONS, **_RAW}
+    return build_client(settings, QueueClient, "azure.identity.aio", options)
 
 
 async def close_queue_client(client: QueueClient, *, with_credential: bool = True) -> None:
@@ -113,42 +170,19 @@ async def notify_once(settings: QueueSettings | None = None) -> bool:
 
     Never raises, a misconfigured queue included: it logs a warning and returns False.
     """
-    try:
-        temporary = WakeUpQueue.from_settings(settings)
-    except Exception as exc:  # noqa: BLE001 - a misconfigured hint must not fail the caller either
-        WakeUpQueue.log_not_sent(exc)
+    temporary = WakeUpQueue.for_one_hint(settings)
+    if temporary is None:
         return False
     async with temporary:
         return await temporary.notify()
 
 
-def queue_redactor(settings: QueueSettings) -> Redactor:
-    """What a hint client's errors must never show: the queue's connection string."""
-    connection = settings.queue_connection
-    return Redactor([connection.get_secret_value()] if connection else [])
-
-
-class WakeUpQueue(Closeable):
+class WakeUpQueue(HintClient[QueueClient], Closeable):
     """Sends hints to the wake-up queue; reuse one per process (it holds an HTTP session)."""
 
-    def __init__(
-        self,
-        client: QueueClient,
-        *,
-        redact: Redactor | None = None,
-        owns_credential: bool = False,
-    ) -> None:
-        self.client = client
-        self._redact = redact or Redactor([])
-        # from_settings makes the credential of an identity connection: it closes it too.
-        self._owns_credential = owns_credential
-
     @classmethod
-    def from_settings(cls, settings: QueueSettings | None = None) -> Self:
-        settings = settings or QueueSettings.load()
-        return cls(
-            make_queue_client(settings), redact=queue_redactor(settings), owns_credential=True
-        )
+    def client_for(cls, settings: QueueSettings) -> QueueClient:
+        return make_queue_client(settings)
 
     async def notify(self, *, delay_seconds: int = 0) -> bool:
         """Send one hint (invisible for ``delay_seconds``, at most seven days). Never raises: on
@@ -164,14 +198,6 @@ class WakeUpQueue(Closeable):
             self.log_not_sent(exc, self._redact)
             return False
         return True
-
-    @staticmethod
-    def log_not_sent(exc: BaseException, redact: Redactor | None = None) -> None:
-        """The one warning a lost hint produces (without any credential in it)."""
-        logger.warning(
-            "outbox wake-up hint not sent (the row is safe; the timer sweep will deliver it): %s",
-            (redact or Redactor([]))(f"{type(exc).__name__}: {exc}"),
-        )
 
     async def _send(self, delay_seconds: int) -> None:
         visibility = {"visibility_timeout": delay_seconds} if delay_seconds else {}

@@ -246,14 +246,14 @@ async def test_http_drain_reports_bad_settings_as_500_without_details(
 async def test_clients_are_created_once_per_process_and_reused(
     db: Any, receiver: Receiver, app_env: None
 ) -> None:
-    from outbox.relay.runtime import shared_relay
+    from outbox.azure.host import functions_host
 
     await seed(db)
     await relay_functions.outbox_timer(TimerRequest())
-    first = await shared_relay()
+    first = await functions_host.relay()
     await relay_functions.outbox_drain(drain_request())
     await relay_functions.outbox_queue(QueueMessage(id="x", body=b"{}", dequeue_count=1))
-    again = await shared_relay()
+    again = await functions_host.relay()
     assert again is first
     assert again.pool is first.pool
     assert again.publisher is first.publisher

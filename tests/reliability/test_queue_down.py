@@ -14,8 +14,8 @@ from azure.functions.timer import TimerRequest
 
 import outbox
 from outbox.azure import functions
+from outbox.azure.host import functions_host
 from outbox.core.settings import QueueSettings
-from outbox.relay.runtime import close_shared_relay
 from outbox.transport.wakeup import WakeUpQueue
 from tests.support.azure import DEV_KEY
 from tests.support.azurite import Azurite
@@ -32,7 +32,7 @@ async def timer_env(
     monkeypatch.setenv("OUTBOX_DATABASE_URL", database_url)
     monkeypatch.setenv("OUTBOX_WEBHOOKS", json.dumps(webhooks))
     yield
-    await close_shared_relay()
+    await functions_host.close()
 
 
 @pytest.fixture

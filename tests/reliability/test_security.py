@@ -22,8 +22,8 @@ from azure.functions.timer import TimerRequest
 
 import outbox
 from outbox.azure import functions
+from outbox.azure.host import functions_host
 from outbox.core.errors import OutboxError
-from outbox.relay.runtime import close_shared_relay
 from outbox.store import operations
 from tests.conftest import SECRET
 from tests.support.azure import free_port
@@ -130,7 +130,7 @@ async def test_secrets_never_reach_logs_last_error_summaries_or_drain_answers(
             await functions.outbox_timer(TimerRequest())
     finally:
         proxy.up()
-        await close_shared_relay()
+        await functions_host.close()
 
     errors = [r["last_error"] for r in await db.fetch("SELECT last_error FROM outbox_messages")]
     assert sum(e is not None for e in errors) == 6
