@@ -4,11 +4,11 @@ A leased message becomes one ``Delivery`` per endpoint of its event type that ha
 it yet (``plan``); the batch resolves ``delivered`` once every delivery has an attempt, and its
 outcomes are then written (``relay.record``).
 
-Fast paths (docs/performance.md, "The relay's own CPU", the table of changes):
-- ``Delivery`` is a plain class with ``__slots__``: one is made per message and endpoint, and it
-  is the cheapest object to make.
+Fast paths (docs/performance.md § "The relay's own CPU", its table of changes):
 - ``Target``: each endpoint's key and timeout are computed once per processor, not per delivery
   ("each endpoint's key and timeout computed once").
+- ``Delivery`` is a plain class with ``__slots__``: one is made per message and endpoint, and it
+  is the cheapest object to make.
 """
 
 from __future__ import annotations

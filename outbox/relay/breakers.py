@@ -15,7 +15,7 @@ slots for a whole batch), learns the others' at each lease, and says what the da
 book how it went. The database counts the failures and computes the cool-down (its doubling
 included): the book opens at once for the first cool-down and takes the database's word after.
 
-Fast path (docs/performance.md, "The relay's own CPU", the table of changes): an answer from a
+Fast path (docs/performance.md § "The relay's own CPU", its table of changes): an answer from a
 healthy endpoint changes nothing to write: ``observed`` returns None, and the delivery awaits
 nothing ("a healthy endpoint's breaker costs no coroutine").
 """

@@ -7,14 +7,16 @@ breaker's probe). It then waits for one of the process's delivery slots, checks 
 time passed, sends, and tells the breaker the answer; what the breaker's book decides to persist,
 its writer writes (``outbox.relay.breaker_store``).
 
-Fast paths (docs/performance.md, "Round two (2026-12-02): what the relay costs its database",
-the "Telemetry off" point, and "The relay's own CPU", the table of changes):
-- Telemetry off: with no OpenTelemetry SDK the delivery makes no span and counts nothing; it
-  takes its own branch in ``_send`` (``_send_traced`` is the other), since a span's machinery
-  even as the API's no-ops costs instructions per message ("no span machinery without an SDK").
-- A free delivery slot is taken without a coroutine (``Slots.take_now``, "a free delivery slot
-  taken without a coroutine"), and the next delivery too (``Dispatch.take_now``).
-- A healthy endpoint's answer awaits nothing for its breaker (``BreakerBook.observed``).
+Fast paths (docs/performance.md):
+- Telemetry off: with no OpenTelemetry SDK the delivery makes no span and counts nothing: it
+  takes its own branch in ``_send`` (``_send_traced`` is the other). One path for both would
+  run a span's machinery, even as the API's no-ops, per message ("no span machinery without an
+  SDK", § "The relay's own CPU"; judged in § "Round two (2026-12-02): what the relay costs its
+  database", "Telemetry off").
+- A free delivery slot is taken without a coroutine (``Slots.take_now``; "a free delivery slot
+  taken without a coroutine", § "The relay's own CPU").
+- A healthy endpoint's answer awaits nothing for its breaker (``BreakerBook.observed`` returns
+  None; "a healthy endpoint's breaker costs no coroutine", § "The relay's own CPU").
 """
 
 from __future__ import annotations

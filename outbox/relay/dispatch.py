@@ -5,7 +5,7 @@ them endpoint by endpoint in turn, each endpoint only while it has room: its ``m
 and its fair share of the slots while others have work (``EndpointSlots``). A slow or dead
 endpoint keeps at most its own share busy, never the queue in front of the others.
 
-Fast paths (docs/performance.md, "The relay's own CPU", the table of changes):
+Fast paths (docs/performance.md § "The relay's own CPU", its table of changes):
 - ``take_now``: a loop takes a waiting delivery without a coroutine ("a loop takes waiting work
   without a coroutine"); ``take`` awaits only when nothing can be taken.
 - ``wake``: idle loops are not woken while nothing waits ("idle loops not woken while nothing

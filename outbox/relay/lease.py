@@ -6,9 +6,12 @@ endpoints' messages (``look_past``) so that others' due messages are not left be
 next batch is leased while the current one is delivered (at most ``MAX_BATCHES_IN_FLIGHT``).
 Each leased batch is handed to ``start`` (plan → dispatch → deliver → record: the processor).
 
-Fast path (docs/performance.md, "Round two (2026-12-02): what the relay costs its database"):
-the usual batch size is passed as ``usual_size``: the store writes it into the lease statement,
-planned once per connection instead of at every lease.
+Fast paths (docs/performance.md):
+- The usual batch size is passed as ``usual_size``: the store writes it into the lease
+  statement, planned once per connection instead of at every lease (§ "Round two (2026-12-02):
+  what the relay costs its database", "PostgreSQL CPU per delivered message").
+- Two batches in flight, not one: one batch in flight was measured and dropped (§ "The relay's
+  own CPU", "Tried and dropped").
 """
 
 from __future__ import annotations

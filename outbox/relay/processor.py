@@ -12,7 +12,11 @@ outcomes are written in one statement, fenced by the lease token, and shielded f
 ``relay.lease`` (the run's loop) → ``relay.batch`` (plan) → ``relay.dispatch`` (the queues and
 each endpoint's room) → ``relay.delivery`` (one attempt, the breaker and admission) →
 ``relay.classify`` (outcomes) → ``relay.record`` (the outcome write). docs/internals.md, "How a
-message flows". Its performance special cases are noted at the top of each part.
+message flows". Each part's performance special cases are noted at the top of the part.
+
+Fast path (docs/performance.md § "The relay's own CPU", its table of changes): a recorded batch
+lets its deliveries go at once (``_run_batch``), not at a garbage collection ("a recorded batch
+lets its deliveries go at once").
 """
 
 from __future__ import annotations

@@ -5,12 +5,12 @@ cancellation (``shielded``: a cancelled invocation must not lose a status update
 transient database errors, each retry asking whether the lost write committed after all. It
 runs beside the next batch's deliveries and lease.
 
-Fast paths (docs/performance.md, "Round two (2026-12-02): what the relay costs its database",
-and "The relay's own CPU", the table of changes):
-- ``record_sent``: the usual batch, each message answered 2xx by every endpoint with nothing
+Fast paths (docs/performance.md):
+- ``_record_sent``: the usual batch, each message answered 2xx by every endpoint with nothing
   kept from before, is written by the leaner statement (``store.record_delivered``, two arrays
-  per message and six per attempt) and builds no outcome objects unless DEBUG logs them ("a
-  batch all delivered written by ``record_delivered``, no outcome objects built").
+  per message and six per attempt: § "Round two (2026-12-02): what the relay costs its
+  database") and builds no outcome objects unless DEBUG logs them ("a batch all delivered
+  written by `record_delivered`, no outcome objects built", § "The relay's own CPU").
 - ``log_outcome`` skips building a line's fields when its level is off.
 """
 
