@@ -1,3 +1,4 @@
-"""The relay: the lease loop and its stop rules, admission, the endpoint breakers, the processor
-that delivers a batch, and the runtime that builds one per process. Imports the core, the store and
-the transport; never the Azure functions or the hosts."""
+"""The relay: a run's parts in the order a message meets them (lease, batch, dispatch, delivery,
+classify, record), composed by the processor; the stop rules, admission, the endpoint breakers
+(a pure book and its writer), and the runtime that builds one processor per process. Imports the
+core, the store and the transport; never the Azure functions or the hosts."""

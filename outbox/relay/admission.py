@@ -6,6 +6,10 @@ is too short, is given back and leased again later: with many runs, or a slow re
 more than can start only turns in circles. So a run leases at most what the slots can start, at
 the pace the process's recent requests took, before the earlier of its budget's end and the
 lease's last start time, less what already waits.
+
+Fast path (docs/performance.md § "The relay's own CPU", its table of changes): ``Slots`` is a
+semaphore whose free slot is taken without a coroutine ("a free delivery slot taken without a
+coroutine"); an asyncio semaphore per delivery was tried and dropped.
 """
 
 from __future__ import annotations

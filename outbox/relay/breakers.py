@@ -1,4 +1,4 @@
-"""A circuit breaker per endpoint, shared by every relay through the database, acted on at once.
+"""A circuit breaker per endpoint: the policy, as a pure state machine (no I/O, its clock injected).
 
 After ``THRESHOLD`` retryable failures in a row (connection errors, timeouts, 408, 429, 5xx)
 an endpoint opens for a cool-down (10 s, doubling while it keeps failing, at most 5 min): its
@@ -8,55 +8,95 @@ front of healthy endpoints' messages. Then one relay claims the probe: one reque
 success closing the breaker and a failure opening it again for longer. Any answer that is not a
 failure (2xx, 4xx but 408/429) closes it too: the endpoint is there.
 
-This process acts on its own observations at once (a dead endpoint must not hold its slots for
-a whole batch) and learns the others' at each lease.
+The breakers are shared by every relay through the database. ``BreakerBook`` is what this
+process knows of them: it acts on its own observations at once (a dead endpoint must not hold its
+slots for a whole batch), learns the others' at each lease, and says what the database must hear
+(a ``Count`` of failures, a ``Close``); ``outbox.relay.breaker_store`` writes that and tells the
+book how it went. The database counts the failures and computes the cool-down (its doubling
+included): the book opens at once for the first cool-down and takes the database's word after.
+
+Fast path (docs/performance.md § "The relay's own CPU", its table of changes): an answer from a
+healthy endpoint changes nothing to write: ``observed`` returns None, and the delivery awaits
+nothing ("a healthy endpoint's breaker costs no coroutine").
 """
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-
-from outbox import store
-from outbox.core.errors import DatabaseError
-from outbox.core.logs import log_event
-
-logger = logging.getLogger("outbox.breakers")
+from typing import Protocol
 
 THRESHOLD = 10
 COOL_DOWN_SECONDS = (10.0, 300.0)  # the first cool-down, and the longest
 Key = tuple[str, str]  # (event type, endpoint name)
-
-
-@dataclass(slots=True)
-class _Breaker:
-    failures: int = 0  # in a row, as far as this process knows
-    unsaved: int = 0  # of those, not yet counted in the database
-    open_until: float | None = None  # monotonic; None: closed
-    probing: bool = False  # another relay's probe is out
-    probing_here: bool = False  # this process's probe is out: the rest wait for its answer
-    changed: float = 0.0  # when this process last changed it (monotonic)
-    writing: int = 0  # its failures being counted in the database now: newer than any lease read
-
-
 SEND, PROBE = "send", "probe"
 
 
-class Breakers:
-    """The endpoints' breakers as this process knows them."""
+class Seen(Protocol):
+    """A breaker as a lease read it from the database (``store.BreakerSeen``)."""
 
-    def __init__(self, pool: store.Connection, others: Callable[[Key], Sequence[str]]) -> None:
-        self._pool = pool
-        self._others = others  # the other endpoints of the key's event type
-        self._known: dict[Key, _Breaker] = {}
+    @property
+    def event_type(self) -> str: ...
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def failures(self) -> int: ...
+    @property
+    def reopen_in(self) -> float | None: ...
+    @property
+    def probing(self) -> bool: ...
 
-    def learn(self, seen: Iterable[store.BreakerSeen], as_of: float) -> None:
-        """What a lease sent at ``as_of`` (monotonic) read of the database's breakers, the
-        others' observations too; what this process changed since is newer and stays."""
-        now = time.monotonic()
-        fresh: dict[Key, _Breaker] = {}
+
+@dataclass(slots=True)
+class Breaker:
+    """One endpoint's breaker as this process knows it."""
+
+    failures: int = 0  # in a row, as far as this process knows
+    unsaved: int = 0  # of those, not yet counted in the database
+    open_until: float | None = None  # on the book's clock; None: closed
+    probing: bool = False  # another relay's probe is out
+    probing_here: bool = False  # this process's probe is out: the rest wait for its answer
+    changed: float = 0.0  # when this process last changed it (the book's clock)
+    writing: int = 0  # its failures being counted in the database now: newer than any lease read
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """Failures seen here to count in the database (``store.endpoint_failed``); ``announce``:
+    this process just opened the breaker. Hand it back with ``written``, ``not_written`` or
+    ``abandoned``: until then the breaker is being written, and no lease's view replaces it."""
+
+    key: Key
+    failures: int
+    probe_failed: bool
+    announce: bool
+    breaker: Breaker
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """The endpoint answered: its breaker closes (``store.endpoint_recovered``)."""
+
+    key: Key
+
+
+Decision = Count | Close
+
+
+class BreakerBook:
+    """The endpoints' breakers as this process knows them; ``clock``: monotonic seconds."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._known: dict[Key, Breaker] = {}
+
+    def learn(self, seen: Iterable[Seen], as_of: float) -> None:
+        """What a lease sent at ``as_of`` (the book's clock) read of the database's breakers, the
+        others' observations too; what this process changed since, or is writing, is newer and
+        stays."""
+        now = self._clock()
+        fresh: dict[Key, Breaker] = {}
         for item in seen:
             key = (item.event_type, item.endpoint)
             mine = self._known.get(key)
@@ -64,7 +104,7 @@ class Breakers:
                 fresh[key] = mine
                 continue
             opened = None if item.reopen_in is None else now + item.reopen_in
-            fresh[key] = _Breaker(
+            fresh[key] = Breaker(
                 max(item.failures, mine.failures if mine else 0),
                 mine.unsaved if mine else 0,
                 opened,
@@ -90,31 +130,27 @@ class Breakers:
         breaker = self._known.get(key)
         if breaker is None or breaker.open_until is None:
             return SEND
-        left = breaker.open_until - time.monotonic()
+        left = breaker.open_until - self._clock()
         if left > 0:
             return left
         return 1.0 if breaker.probing or breaker.probing_here else PROBE
 
-    async def claim_probe(self, key: Key, seconds: float) -> bool:
-        """Whether this process sends the probe of ``key`` (no other relay does), claiming it
-        for ``seconds`` (the probe's timeout); meanwhile the rest wait here for its answer."""
-        self._touch(key).probing_here = True  # before the claim: no second one from here
-        claimed = False
-        try:
-            claimed = await store.claim_probe(self._pool, key, seconds)
-        except DatabaseError:
-            pass
-        finally:  # also when cancelled: then the database's word is awaited from the next lease
-            # Looked up again: a lease that returned meanwhile may have replaced the breaker.
-            breaker = self._touch(key)
-            breaker.probing_here, breaker.probing = claimed, not claimed
-        breaker.changed = time.monotonic()
-        return claimed
+    def claiming(self, key: Key) -> None:
+        """This process claims ``key``'s probe: no second claim from here, and its other
+        deliveries wait for the probe's answer."""
+        self._touch(key).probing_here = True
 
-    def observed(self, key: Key, unwell: bool | None, *, probe: bool) -> Awaitable[None] | None:
-        """What a delivery to ``key`` came to: ``unwell`` (counts), answered, or never sent.
-        Returns what to await when the database must hear of it at once (the breaker closed, or
-        opened here), else None: the usual answer costs no database write and no coroutine."""
+    def claimed(self, key: Key, claimed: bool) -> None:
+        """The claim's answer: this process probes, or another relay does (also after a failed
+        or cancelled claim: the database's word is then awaited from the next lease)."""
+        # Looked up again: a lease that returned meanwhile may have replaced the breaker.
+        breaker = self._touch(key)
+        breaker.probing_here, breaker.probing = claimed, not claimed
+
+    def observed(self, key: Key, unwell: bool | None, *, probe: bool) -> Decision | None:
+        """What a delivery to ``key`` came to: ``unwell`` (counts), answered, or never sent; and
+        what the database must hear of it at once (the breaker closed, or opened here), if
+        anything: the usual answer changes nothing to write."""
         if unwell is None:
             if probe:  # the probe was not even sent: another delivery may probe
                 self._touch(key).probing_here = False
@@ -125,75 +161,57 @@ class Breakers:
         if not unwell:
             if breaker.failures or breaker.open_until is not None or probe:
                 self._known.pop(key, None)
-                return self._closed(key)
+                return Close(key)
             return None
         breaker.failures += 1
         breaker.unsaved += 1
         if probe or (breaker.open_until is None and breaker.failures >= THRESHOLD):
             # Open here at once; the database says for how long, and tells the others.
-            breaker.open_until = time.monotonic() + COOL_DOWN_SECONDS[0]
+            breaker.open_until = self._clock() + COOL_DOWN_SECONDS[0]
             return self._count(key, breaker, probe_failed=probe, announce=True)
         return None
 
-    async def _closed(self, key: Key) -> None:
-        await self._save(store.endpoint_recovered(self._pool, key))
-        log_event(logger, logging.INFO, "outbox.breaker", endpoint=key[1], state="closed")
+    def unsaved(self) -> list[tuple[Key, Breaker]]:
+        """The breakers as now, to count in the database what each saw and did not yet count
+        (``count_unsaved`` each in turn)."""
+        return list(self._known.items())
 
-    def _touch(self, key: Key) -> _Breaker:
+    def count_unsaved(self, key: Key, breaker: Breaker) -> Count | None:
+        """The failures ``breaker`` saw that the database has not counted, if any."""
+        if not breaker.unsaved:
+            return None
+        return self._count(key, breaker, probe_failed=False, announce=False)
+
+    def written(self, count: Count, reopen_in: float | None) -> None:
+        """The database counted ``count``: the breaker is open for ``reopen_in`` seconds more,
+        whoever opened it, or None: not open."""
+        breaker = count.breaker
+        breaker.writing -= 1
+        breaker.changed = self._clock()
+        if reopen_in is not None:
+            breaker.open_until = self._clock() + reopen_in
+            breaker.probing = False
+
+    def not_written(self, count: Count) -> None:
+        """The database did not count ``count``: counted again with the next ones."""
+        breaker = count.breaker
+        breaker.unsaved += count.failures
+        breaker.writing -= 1
+        breaker.changed = self._clock()
+
+    def abandoned(self, count: Count) -> None:
+        """The write of ``count`` was cancelled: no longer being written."""
+        count.breaker.writing -= 1
+
+    def _count(self, key: Key, breaker: Breaker, *, probe_failed: bool, announce: bool) -> Count:
+        count = Count(key, breaker.unsaved, probe_failed, announce, breaker)
+        breaker.unsaved = 0
+        breaker.writing += 1
+        return count
+
+    def _touch(self, key: Key) -> Breaker:
         breaker = self._known.get(key)
         if breaker is None:
-            breaker = self._known[key] = _Breaker()
-        breaker.changed = time.monotonic()
+            breaker = self._known[key] = Breaker()
+        breaker.changed = self._clock()
         return breaker
-
-    async def flush(self) -> None:
-        """Count in the database the failures seen here and not yet counted (at each batch)."""
-        for key, breaker in list(self._known.items()):
-            if breaker.unsaved:
-                await self._count(key, breaker, probe_failed=False, announce=False)
-
-    async def _count(
-        self, key: Key, breaker: _Breaker, *, probe_failed: bool, announce: bool
-    ) -> None:
-        """Write the failures not yet counted; ``announce``: this process just opened it."""
-        failures, breaker.unsaved = breaker.unsaved, 0
-        breaker.writing += 1
-        try:
-            reopen_in = await store.endpoint_failed(
-                self._pool,
-                key,
-                failures,
-                threshold=THRESHOLD,
-                probe_failed=probe_failed,
-                cool_down=COOL_DOWN_SECONDS,
-                others=self._others(key),
-            )
-        except DatabaseError as exc:
-            logger.warning("outbox: breaker of %s not saved (%s)", key[1], exc.kind)
-            breaker.unsaved += failures
-            reopen_in = None
-        finally:
-            breaker.writing -= 1
-        breaker.changed = time.monotonic()
-        if reopen_in is not None:
-            breaker.open_until = time.monotonic() + reopen_in
-            breaker.probing = False
-            if announce:
-                state = "reopened" if probe_failed else "open"
-                log_event(
-                    logger,
-                    logging.WARNING,
-                    "outbox.breaker",
-                    event_type=key[0],
-                    endpoint=key[1],
-                    state=state,
-                    failures=breaker.failures,
-                    reopen_in_s=round(reopen_in, 1),
-                )
-
-    @staticmethod
-    async def _save(write: Awaitable[None]) -> None:
-        try:
-            await write
-        except DatabaseError as exc:
-            logger.warning("outbox: breaker state not saved (%s)", exc.kind)

@@ -72,3 +72,13 @@ class UntilCaughtUp:
 
 def stop_rule(*, until_caught_up: bool) -> StopRule:
     return UntilCaughtUp() if until_caught_up else UntilEmpty()
+
+
+class StopSignal:
+    """Whether the processor was told to stop (``OutboxProcessor.stop``): its runs lease no more
+    and start no delivery more. Shared by the processor's parts; never reset."""
+
+    __slots__ = ("requested",)
+
+    def __init__(self) -> None:
+        self.requested = False

@@ -19,6 +19,7 @@ from outbox import store
 from outbox.core.models import Attempt, Delivered, DrainSummary, Outcome, Recorded, Response, Status
 from outbox.core.settings import QueueSettings
 from outbox.relay.processor import Deliver, OutboxProcessor, shielded
+from outbox.relay.record import Recorder
 from outbox.transport.wakeup import WakeUpQueue
 from tests.conftest import SECRET
 from tests.support.azure import connection_string, free_port
@@ -580,7 +581,7 @@ async def test_a_batch_that_fails_outside_its_deliveries_is_logged_without_secre
         raise RuntimeError(f"a bug while deciding an outcome, near {SECRET}")
 
     # No input is known to get here; a bug would, and its text may quote a secret.
-    monkeypatch.setattr(OutboxProcessor, "_record_batch", broken)
+    monkeypatch.setattr(Recorder, "record", broken)
     settings = make_settings()
     async with open_relay(settings) as relay:
         processor = OutboxProcessor(relay.pool, relay.publisher.deliver, settings)

@@ -11,7 +11,8 @@ import asyncpg
 import pytest
 
 from outbox import store
-from outbox.relay.breakers import PROBE, THRESHOLD, Breakers
+from outbox.relay.breaker_store import Breakers
+from outbox.relay.breakers import PROBE, THRESHOLD
 from tests.support.outbox_helpers import eventually, open_relay, seed, seed_many, statuses
 from tests.support.raw_server import RawServer
 from tests.support.receiver import Received, Receiver, Reply
@@ -249,8 +250,8 @@ async def test_a_lease_that_returns_during_a_probe_claim_does_not_keep_the_claim
     other = await asyncpg.connect(database_url)
     try:
         breakers = Breakers(pool, lambda _: [])
-        breakers.learn(seen, as_of=time.monotonic())
-        assert breakers.verdict(key) == PROBE
+        breakers.book.learn(seen, as_of=time.monotonic())
+        assert breakers.book.verdict(key) == PROBE
         # Another relay is claiming the probe; this one's claim waits for its row lock.
         claiming = other.transaction()
         await claiming.start()
@@ -258,14 +259,14 @@ async def test_a_lease_that_returns_during_a_probe_claim_does_not_keep_the_claim
         claim = asyncio.create_task(breakers.claim_probe(key, 5.0))
         await eventually(lambda: _waiting_for_a_lock(db))
         # A lease sent after the claim started returns meanwhile.
-        breakers.learn(seen, as_of=time.monotonic())
+        breakers.book.learn(seen, as_of=time.monotonic())
         await claiming.commit()
         assert await claim is False  # the other relay probes
     finally:
         await other.close()
         await pool.close()
-    assert not breakers.holds_back(key)  # nothing here waits for a probe of its own
-    assert breakers.verdict(key) == 1.0  # they wait for the other relay's probe instead
+    assert not breakers.book.holds_back(key)  # nothing here waits for a probe of its own
+    assert breakers.book.verdict(key) == 1.0  # they wait for the other relay's probe instead
 
 
 async def _probe_claimed(db: Any) -> bool:

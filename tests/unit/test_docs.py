@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -64,3 +65,24 @@ def _slug(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
     return text.replace(" ", "-")
+
+
+def test_the_relays_fast_path_notes_name_what_the_performance_page_says() -> None:
+    # Each part of the relay notes its performance special cases at its top: § "a heading" of
+    # docs/performance.md, and "a phrase" quoted from it.
+    page = (ROOT / "docs" / "performance.md").read_text()
+    headings = {line.lstrip("#").strip() for line in page.splitlines() if line.startswith("#")}
+    flat = " ".join(page.split())
+    pointed = []
+    for path in sorted((ROOT / "outbox" / "relay").glob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if "docs/performance.md" not in doc:
+            continue
+        notes = " ".join(doc[doc.index("docs/performance.md") :].split())
+        for section, quoted in re.findall(r'(§ )?"([^"]+)"', notes):
+            if section:
+                assert quoted in headings, (path.name, quoted)
+                pointed.append(path.name)
+            else:
+                assert quoted in flat, (path.name, quoted)
+    assert {"lease.py", "batch.py", "dispatch.py", "delivery.py", "record.py"} <= set(pointed)

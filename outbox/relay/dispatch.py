@@ -1,0 +1,164 @@
+"""Dispatch: the deliveries waiting for a delivery loop, and each endpoint's room in the process.
+
+A run's deliveries wait in one queue per endpoint (``Dispatch``); the run's delivery loops take
+them endpoint by endpoint in turn, each endpoint only while it has room: its ``max_concurrency``
+and its fair share of the slots while others have work (``EndpointSlots``). A slow or dead
+endpoint keeps at most its own share busy, never the queue in front of the others.
+
+Fast paths (docs/performance.md § "The relay's own CPU", its table of changes):
+- ``take_now``: a loop takes a waiting delivery without a coroutine ("a loop takes waiting work
+  without a coroutine"); ``take`` awaits only when nothing can be taken.
+- ``wake``: idle loops are not woken while nothing waits ("idle loops not woken while nothing
+  waits").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import deque
+from collections.abc import Callable
+
+from outbox.relay.batch import Delivery
+from outbox.relay.breakers import Key
+
+
+class Dispatch:
+    """The run's deliveries waiting for a loop: a queue per endpoint, taken in turn, each only
+    while its endpoint has room (``has_room``), so that a slow endpoint's queue never holds a
+    loop from the others'."""
+
+    def __init__(
+        self,
+        has_room: Callable[[Key], bool],
+        waiting: dict[Key, int],
+        will_not_start: Callable[[Delivery], bool],
+    ) -> None:
+        self._has_room = has_room
+        # Whether a delivery will not be sent now: taken whatever the room, to be given back.
+        self._will_not_start = will_not_start
+        self._waiting = waiting  # per endpoint, in every run's dispatch (``EndpointSlots``)
+        self._queues: dict[Key, deque[Delivery]] = {}
+        self._turn: deque[Key] = deque()  # endpoints with deliveries waiting, in turn
+        self._changed = asyncio.Event()
+
+    def put(self, delivery: Delivery) -> None:
+        key = delivery.key
+        queue = self._queues.get(key)
+        if queue is None:
+            queue = self._queues[key] = deque()
+        if not queue:
+            self._turn.append(key)
+        queue.append(delivery)
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        self._changed.set()
+
+    def wake(self) -> None:
+        """An endpoint may have room again: loops waiting for one with room look again (none
+        need to while no delivery waits)."""
+        if self._turn:
+            self._changed.set()
+
+    def take_now(self) -> Delivery | None:
+        """The next delivery whose endpoint has room, if one waits."""
+        for _ in range(len(self._turn)):
+            key = self._turn[0]
+            self._turn.rotate(-1)
+            if self._has_room(key) or self._will_not_start(self._queues[key][0]):
+                return self._pop(key)
+        return None
+
+    async def take(self) -> Delivery:
+        """The next delivery whose endpoint has room, once there is one."""
+        while (delivery := self.take_now()) is None:
+            self._changed.clear()
+            await self._changed.wait()
+        return delivery
+
+    def _pop(self, key: Key) -> Delivery:
+        queue = self._queues[key]
+        delivery = queue.popleft()
+        self._waiting[key] -= 1
+        if not queue:
+            self._turn.remove(key)
+        return delivery
+
+    def clear(self) -> None:
+        """The run is over: what still waits here is not counted as waiting any more."""
+        for key, queue in self._queues.items():
+            self._waiting[key] -= len(queue)
+            queue.clear()
+        self._turn.clear()
+
+
+class EndpointSlots:
+    """Per endpoint in this process: requests in flight, deliveries waiting for a loop, and its
+    room: its ``max_concurrency``, and its fair share of the slots while others have work.
+
+    The fair share is ``ceil(slots / endpoints contending)``. An endpoint contends while
+    deliveries to it wait here, or while it may have due messages the process has not leased:
+    until a lease comes back short without one for it (it is then quiet until a lease comes back
+    full: more may be due than it read). So an endpoint goes
+    beyond its share only once the others are known to have nothing due; a dead endpoint's first
+    batch takes half the slots beside one other endpoint, not all of them."""
+
+    def __init__(self, slots: int, caps: dict[Key, int | None]) -> None:
+        self._slots = slots
+        self._caps = caps
+        # Below this, every endpoint has room (the share were every endpoint contending).
+        self._least = math.ceil(slots / max(len(caps), 1))
+        self._in_flight: dict[Key, int] = {}
+        self.waiting: dict[Key, int] = {}  # deliveries queued in every run's dispatch
+        self._quiet: set[Key] = set()  # the last short lease found nothing due for them
+        self.listeners: set[Dispatch] = set()
+
+    def has_room(self, key: Key) -> bool:
+        in_flight = self._in_flight.get(key, 0)
+        cap = self._caps.get(key)
+        if cap is not None and in_flight >= cap:
+            return False
+        return in_flight < self._least or in_flight < self._share(key)
+
+    def _share(self, key: Key) -> int:
+        others = sum(
+            1
+            for other in self._caps
+            if other != key and (self.waiting.get(other) or other not in self._quiet)
+        )
+        return math.ceil(self._slots / (others + 1))
+
+    def blocked(self) -> set[Key]:
+        """The endpoints whose deliveries wait here and cannot start now (at share, at cap)."""
+        return {key for key, count in self.waiting.items() if count and not self.has_room(key)}
+
+    def unknown(self, skipped: set[Key]) -> bool:
+        """Whether an endpoint not in ``skipped`` may have due messages this process has not
+        leased (none of its deliveries waits here, and no lease has found it quiet lately)."""
+        return any(
+            key not in skipped and not self.waiting.get(key) and key not in self._quiet
+            for key in self._caps
+        )
+
+    def leased(self, keys: set[Key], looked_at: set[Key] | None) -> None:
+        """A lease that came back short found nothing more due for the endpoints it
+        ``looked_at`` (None: every endpoint) but ``keys``: they are quiet."""
+        self._quiet.update((self._caps.keys() if looked_at is None else looked_at) - keys)
+        for dispatch in self.listeners:  # the others' shares may have grown
+            dispatch.wake()
+
+    def found(self, key: Key) -> None:
+        """A lease found a message for ``key``."""
+        self._quiet.discard(key)
+
+    def unsure(self) -> None:
+        """A lease came back full without reading past anything: any endpoint may have more due
+        (the run's next lease reads past those at their share, if any is)."""
+        self._quiet.clear()
+
+    def take(self, key: Key) -> None:
+        self._in_flight[key] = self._in_flight.get(key, 0) + 1
+
+    def give_back(self, key: Key) -> None:
+        self._in_flight[key] -= 1
+        for dispatch in self.listeners:
+            dispatch.wake()

@@ -1,0 +1,235 @@
+"""Lease: a run's loop, leasing batch after batch until its stop rule, budget or a stop ends it.
+
+Each lease takes at most what the process's delivery slots can start in time (``admission``),
+and while deliveries wait for endpoints at their share of the slots, it reads past those
+endpoints' messages (``look_past``) so that others' due messages are not left behind them. The
+next batch is leased while the current one is delivered (at most ``MAX_BATCHES_IN_FLIGHT``).
+Each leased batch is handed to ``start`` (plan → dispatch → deliver → record: the processor).
+
+Fast paths (docs/performance.md):
+- The usual batch size is passed as ``usual_size``: the store writes it into the lease
+  statement, planned once per connection instead of at every lease (§ "Round two (2026-12-02):
+  what the relay costs its database", "PostgreSQL CPU per delivered message").
+- Two batches in flight, not one: one batch in flight was measured and dropped (§ "The relay's
+  own CPU", "Tried and dropped").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+
+from outbox import store
+from outbox.core.clock import DatabaseClock
+from outbox.core.errors import DatabaseError
+from outbox.core.models import LeasedMessage
+from outbox.core.outcomes import as_tried
+from outbox.core.redact import Redactor
+from outbox.core.settings import LEASE_SAFETY_SECONDS, Settings, WebhookEndpoint
+from outbox.relay.admission import Admission
+from outbox.relay.batch import Batch, Run, Targets, endpoint_names, finish
+from outbox.relay.breakers import BreakerBook
+from outbox.relay.dispatch import EndpointSlots
+from outbox.relay.stopping import StopSignal
+
+logger = logging.getLogger("outbox.processor")
+
+# Batches leased ahead of the one being delivered: one is enough to keep every slot busy.
+MAX_BATCHES_IN_FLIGHT = 2
+# Batches still open (delivering or writing their outcomes). Outcome writes do not hold up the
+# next lease, so a slow commit does not leave the HTTP slots idle; this bounds them.
+MAX_BATCHES_OPEN = 2 * MAX_BATCHES_IN_FLIGHT
+
+
+class Leaser:
+    """Leases a run's batches for the process's delivery slots."""
+
+    def __init__(
+        self,
+        pool: store.Connection,
+        settings: Settings,
+        *,
+        targets: Targets,
+        endpoints: Mapping[str, Sequence[WebhookEndpoint]],
+        admission: Admission,
+        endpoint_slots: EndpointSlots,
+        breakers: BreakerBook,
+        clock: DatabaseClock,
+        stop: StopSignal,
+        redact: Redactor,
+    ) -> None:
+        self._pool = pool
+        self._settings = settings
+        self._hold = settings.ordering_on_failure == "hold"
+        self._targets = targets
+        self._endpoints = endpoints
+        self._admission = admission
+        self._endpoint_slots = endpoint_slots
+        self._breakers = breakers
+        self._clock = clock
+        self._stop = stop
+        self._redact = redact
+
+    async def drain(
+        self, run: Run, batches: set[asyncio.Task[None]], start: Callable[[Batch], None]
+    ) -> None:
+        """Lease until the run ends; each leased batch goes to ``start``, which adds the task
+        that records it to ``batches``."""
+        # Batches whose deliveries are still running; each is resolved before its outcome write.
+        delivering: set[asyncio.Future[None]] = set()
+        loop = asyncio.get_running_loop()
+        while not self.ends(run):
+            skip, size = self._look_past(run, batches)
+            if not skip and not (size := await self._lease_size(run, delivering, batches)):
+                continue  # it waited for room: everything above may have changed
+            lease_deadline = time.monotonic() + self._settings.lease_seconds
+            lease = await self._lease(size, skip)
+            if lease.messages:
+                messages = await self._as_tried(lease.messages)
+                batch = Batch(messages, lease_deadline, run, loop.create_future())
+                start(batch)
+                if batch.remaining:
+                    delivering.add(batch.delivered)
+                    batch.delivered.add_done_callback(delivering.discard)
+            if skip:
+                continue  # it read past some endpoints' messages: it cannot tell if all is done
+            if lease.taken < size:
+                if not lease.taken and not batches:
+                    return
+                # Caught up: let the in-flight batches finish (their retries may come due),
+                # then the run's rule says whether to lease once more.
+                await finish(batches, self._redact)
+                if run.rule.caught_up():
+                    return
+
+    def ends(self, run: Run) -> bool:
+        """Whether the run leases no more: an outcome write failed for good (leasing more would
+        only strand rows), it is told to stop, or its budget is spent."""
+        summary = run.summary
+        if summary.error:
+            return True
+        if self._stop.requested:
+            summary.stopped_by = "stopped"
+            return True
+        if time.monotonic() >= run.deadline:
+            summary.stopped_by = "budget"
+            return True
+        return False
+
+    async def _lease_size(
+        self, run: Run, delivering: set[asyncio.Future[None]], batches: set[asyncio.Task[None]]
+    ) -> int:
+        """How many messages the run leases now; 0 after it waited while it, or the whole
+        process, had as much leased as can be delivered soon."""
+        if len(delivering) >= MAX_BATCHES_IN_FLIGHT or len(batches) >= MAX_BATCHES_OPEN:
+            busy = delivering if len(delivering) >= MAX_BATCHES_IN_FLIGHT else batches
+            await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
+            return 0
+        window = self._start_window(run, time.monotonic())
+        size = self._admission.room(window, self._settings.batch_size)
+        if not size:
+            await self._admission.wait(run.deadline)
+        return size
+
+    def _look_past(self, run: Run, batches: set[asyncio.Task[None]]) -> tuple[list[str], int]:
+        """The event types to lease past, and how many messages to lease, when deliveries wait
+        for endpoints that are at their share while others may have due messages not leased
+        yet: their next lease reads past the waiting endpoints' messages; else ``([], 0)``."""
+        slots = self._endpoint_slots
+        blocked = slots.blocked() if len(batches) < MAX_BATCHES_OPEN else ()
+        if not blocked:
+            return [], 0
+        skip = [
+            kind
+            for kind, targets in self._targets.items()
+            if all(t.key in blocked for t in targets)
+        ]
+        skipped = {t.key for kind in skip for t in self._targets[kind]}
+        if not skip or not slots.unknown(skipped):
+            return [], 0
+        # What waits for the blocked endpoints does not take the slots the lease is for.
+        others = max(0, self._admission.waiting - sum(slots.waiting.get(k, 0) for k in skipped))
+        window = self._start_window(run, time.monotonic())
+        size = self._admission.room(window, self._settings.batch_size, waiting=others)
+        return (skip, size) if size else ([], 0)
+
+    def _found(self, lease: store.Lease, size: int, skip: list[str]) -> None:
+        """What a lease tells of the endpoints: those it found messages for contend for the
+        slots; if it came back short, those it looked for and found nothing for are quiet."""
+        slots = self._endpoint_slots
+        found = {
+            t.key
+            for kind in {m.event_type for m in lease.messages}
+            for t in self._targets.get(kind, ())
+        }
+        for key in found:
+            slots.found(key)
+        if lease.taken >= size and not skip:
+            slots.unsure()
+        elif lease.taken < size:
+            looked = (
+                None
+                if not skip
+                else {
+                    t.key
+                    for kind, targets in self._targets.items()
+                    if kind not in skip
+                    for t in targets
+                }
+            )
+            slots.leased(found, looked)
+
+    async def _lease(self, size: int, skip: list[str]) -> store.Lease:
+        """Lease up to ``size`` messages, counted as waiting from before the statement is sent;
+        ``skip``: event types whose messages it reads past (``_look_past``)."""
+        self._admission.reserve(size)
+        leased = 0
+        sent, asked = time.time(), time.monotonic()
+        try:
+            lease = await store.lease_batch(
+                self._pool,
+                size,
+                self._settings.lease_seconds,
+                hold_on_failure=self._hold,
+                max_payload_bytes=self._settings.max_payload_bytes,
+                usual_size=self._settings.batch_size,
+                skip=skip,
+            )
+            leased = len(lease.messages)
+            self._found(lease, size, skip)
+            if lease.database_now is not None:
+                self._clock.observe(lease.database_now, sent, time.time())
+            if lease.troubled is not None:
+                self._breakers.learn(lease.troubled, as_of=asked)
+            return lease
+        finally:
+            self._admission.release(size - leased)
+
+    async def _as_tried(self, messages: list[LeasedMessage]) -> list[LeasedMessage]:
+        """The leased messages, those retried without an endpoint state made explicit where their
+        attempt history shows an endpoint that was never sent them (``outcomes.as_tried``)."""
+        retried = [
+            m.message_id
+            for m in messages
+            if m.endpoint_state is None and m.attempt > 1 and self._endpoints.get(m.event_type)
+        ]
+        if not retried:
+            return messages
+        try:
+            tried = await store.endpoints_tried(self._pool, retried)
+        except DatabaseError as exc:  # the outcome write will say more; send them as leased
+            logger.warning("attempt history not read (%s): endpoints as the rows say", exc.kind)
+            return messages
+        return [
+            as_tried(m, endpoint_names(self._endpoints, m.event_type), tried.get(m.message_id, ()))
+            for m in messages
+        ]
+
+    def _start_window(self, run: Run, now: float) -> float:
+        """Seconds from ``now`` within which a message leased now must start to be sent."""
+        last_start = self._settings.lease_seconds - (
+            self._settings.longest_timeout_seconds + LEASE_SAFETY_SECONDS
+        )
+        return min(run.deadline - now, last_start)
