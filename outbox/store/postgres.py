@@ -5,6 +5,20 @@ relay calls turns the driver's errors into one ``DatabaseError`` (transient or n
 boundary. The statements that run in the caller's transaction (``insert_message``,
 ``claim_inbox``) are not run here: this module hands them out as a ``Statement`` for the caller's
 driver (``outbox.producer.drivers``), and their driver errors are the caller's own.
+
+The fast paths here, each kept for a measured gain (the statements' own are indexed at the top of
+``queries.sql``):
+
+- ``lease_statement``: the usual batch size written into the lease, planned once per connection;
+  docs/performance.md#the-leases-batch-size-in-its-sql
+- ``record_delivered``: a batch all delivered, written from fewer arrays than ``record_outcomes``;
+  docs/performance.md#the-lean-outcome-write
+- ``OutcomeRow``, ``AttemptRow``, ``SentAttempt``: outcomes bound as one array per column;
+  docs/performance.md#outcomes-bound-as-arrays
+- ``insert_message(generated_id=True)``: no ``ON CONFLICT`` for an id just generated;
+  docs/performance.md#an-insert-without-on-conflict
+- ``create_pool``: a released connection is not reset (``_keep_session``);
+  docs/performance.md#the-pools-release-without-a-reset
 """
 
 from __future__ import annotations

@@ -1,5 +1,26 @@
 -- Every statement the relay runs, each under a name that store.py calls it by.
 -- Values are always bound parameters.
+--
+-- The fast paths: shapes kept for a measured gain, each justified in docs/performance.md.
+-- * lease_batch's LIMIT $4: the relay writes its usual batch size in (store.lease_statement), so
+--   the lease is planned once per connection:
+--   docs/performance.md#the-leases-batch-size-in-its-sql
+-- * lease_batch, lease_past and next_due_in spell the due time's CASE exactly as the partial
+--   indexes outbox_messages_due_idx and outbox_messages_due_unkeyed_idx do; change one, change all:
+--   docs/performance.md#the-due-indexes
+-- * parking (next_attempt_at = 'infinity') in lease_batch, its letting go in the outcome writes,
+--   release_held: docs/performance.md#parking-behind-a-held-key
+-- * record_delivered, record_outcomes for a batch all delivered (the only near-variant of the
+--   outcome write; both leave the same rows): docs/performance.md#the-lean-outcome-write
+-- * the outcome writes take one array per column, not JSON:
+--   docs/performance.md#outcomes-bound-as-arrays
+-- * the outcome writes' "kept" clause locks what a foreign key's check would (outbox_attempts has
+--   none; statement triggers delete a deleted message's history):
+--   docs/performance.md#the-attempt-history-without-a-foreign-key
+-- * every update of a row lands on its own page (fillfactor 50, migration 0009):
+--   docs/performance.md#room-on-each-page-for-the-next-version
+-- * insert_new_message, insert_message without ON CONFLICT:
+--   docs/performance.md#an-insert-without-on-conflict
 
 -- insert_message --
 -- Add a Pending row, due now, inside the caller's transaction; returns nothing when the id exists.

@@ -61,6 +61,24 @@ def test_every_anchor_of_the_documentation_names_a_heading() -> None:
             assert anchor in slugs, f"{page.relative_to(ROOT)}: {target}#{anchor}"
 
 
+def test_every_link_from_the_code_to_the_performance_page_names_a_heading() -> None:
+    # The fast paths' index (at the top of queries.sql, the store, the relay's parts) points each
+    # special case to the section of docs/performance.md that justifies it.
+    page = (ROOT / "docs" / "performance.md").read_text()
+    slugs = {_slug(h) for h in re.findall(r"^#+ (.+)$", page, re.MULTILINE)}
+    linked: dict[str, set[str]] = {}
+    for path in sorted((ROOT / "outbox").rglob("*")):
+        if path.suffix not in (".py", ".sql"):
+            continue
+        name = path.relative_to(ROOT).as_posix()
+        for anchor in re.findall(r"docs/performance\.md#([\w-]+)", path.read_text()):
+            assert anchor in slugs, f"{name}: docs/performance.md#{anchor}"
+            linked.setdefault(name, set()).add(anchor)
+    lean = {"the-leases-batch-size-in-its-sql", "the-lean-outcome-write"}
+    assert lean <= linked.get("outbox/store/queries.sql", set())
+    assert lean <= linked.get("outbox/store/postgres.py", set())
+
+
 def _slug(heading: str) -> str:
     """GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens."""
     text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
