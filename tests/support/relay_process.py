@@ -88,6 +88,12 @@ class RelayProcess:
             self.process.kill()
             await self.process.wait()
             raise AssertionError(f"relay process still running after {timeout}s") from None
+        except asyncio.CancelledError:
+            # The test gave up on it: no orphan left running, no transport left to the collector.
+            if self.process.returncode is None:
+                self.process.kill()
+            await self.process.wait()
+            raise
         return RelayResult(
             self.process.returncode or 0,
             stdout.decode(errors="replace"),
