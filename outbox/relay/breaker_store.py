@@ -26,11 +26,11 @@ class Breakers:
 
     def __init__(
         self,
-        pool: store.Connection,
+        relay_store: store.RelayStore,
         others: Callable[[Key], Sequence[str]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._pool = pool
+        self._store = relay_store
         self._others = others  # the other endpoints of the key's event type
         # What the lease and the delivery path ask (pure: answered without the database).
         self.book = BreakerBook(clock)
@@ -41,7 +41,7 @@ class Breakers:
         self.book.claiming(key)  # before the claim: no second one from here
         claimed = False
         try:
-            claimed = await store.claim_probe(self._pool, key, seconds)
+            claimed = await self._store.claim_probe(key, seconds)
         except DatabaseError:
             pass
         finally:  # also when cancelled: then the database's word is awaited from the next lease
@@ -64,7 +64,7 @@ class Breakers:
 
     async def _closed(self, key: Key) -> None:
         try:
-            await store.endpoint_recovered(self._pool, key)
+            await self._store.endpoint_recovered(key)
         except DatabaseError as exc:
             logger.warning("outbox: breaker state not saved (%s)", exc.kind)
         log_event(logger, logging.INFO, "outbox.breaker", endpoint=key[1], state="closed")
@@ -73,8 +73,7 @@ class Breakers:
         """Write the failures not yet counted; announce the breaker opened by this process."""
         key = count.key
         try:
-            reopen_in = await store.endpoint_failed(
-                self._pool,
+            reopen_in = await self._store.endpoint_failed(
                 key,
                 count.failures,
                 threshold=THRESHOLD,

@@ -48,7 +48,7 @@ class Leaser:
 
     def __init__(
         self,
-        pool: store.Connection,
+        relay_store: store.RelayStore,
         settings: Settings,
         *,
         targets: Targets,
@@ -60,7 +60,7 @@ class Leaser:
         stop: StopSignal,
         redact: Redactor,
     ) -> None:
-        self._pool = pool
+        self._store = relay_store
         self._settings = settings
         self._hold = settings.ordering_on_failure == "hold"
         self._targets = targets
@@ -188,8 +188,7 @@ class Leaser:
         leased = 0
         sent, asked = time.time(), time.monotonic()
         try:
-            lease = await store.lease_batch(
-                self._pool,
+            lease = await self._store.lease_batch(
                 size,
                 self._settings.lease_seconds,
                 hold_on_failure=self._hold,
@@ -218,7 +217,7 @@ class Leaser:
         if not retried:
             return messages
         try:
-            tried = await store.endpoints_tried(self._pool, retried)
+            tried = await self._store.endpoints_tried(retried)
         except DatabaseError as exc:  # the outcome write will say more; send them as leased
             logger.warning("attempt history not read (%s): endpoints as the rows say", exc.kind)
             return messages

@@ -46,7 +46,10 @@ __all__ = ["Deliver", "OutboxProcessor", "shielded"]
 
 
 class OutboxProcessor:
-    """Drains the outbox: shared by the queue, timer and HTTP triggers (and ``outbox serve``)."""
+    """Drains the outbox: shared by the queue, timer and HTTP triggers (and ``outbox serve``).
+
+    Its store is ``relay_store`` if given (``store.memory.MemoryStore`` in the loop's unit tests),
+    else a ``store.PostgresStore`` over ``pool``."""
 
     def __init__(
         self,
@@ -57,8 +60,13 @@ class OutboxProcessor:
         redact: Redactor | None = None,
         clock: DatabaseClock | None = None,
         telemetry: Telemetry | None = None,
+        relay_store: store.RelayStore | None = None,
     ) -> None:
-        self._pool = pool
+        if relay_store is None:
+            if pool is None:
+                raise TypeError("OutboxProcessor needs a pool or a relay_store")
+            relay_store = store.PostgresStore(pool)
+        self._store = relay_store
         self._settings = settings
         # Set at each lease, read by the publisher (webhook-timestamp) and for Retry-After dates.
         self.clock = clock or DatabaseClock()
@@ -72,10 +80,10 @@ class OutboxProcessor:
         # Spans and metrics: the API's no-ops unless an OpenTelemetry SDK is configured.
         self._telemetry = telemetry or process_telemetry()
         admission = Admission(settings.concurrency)
-        breakers = Breakers(pool, self._other_endpoints)
+        breakers = Breakers(relay_store, self._other_endpoints)
         classifier = Classifier(settings.max_attempts, self._endpoints, self._redact)
         self._leaser = Leaser(
-            pool,
+            relay_store,
             settings,
             targets=self._targets,
             endpoints=self._endpoints,
@@ -98,7 +106,7 @@ class OutboxProcessor:
             stop=self._stop,
         )
         self._recorder = Recorder(
-            pool,
+            relay_store,
             hold_on_failure=self._hold,
             clock=self.clock,
             classifier=classifier,
@@ -156,7 +164,7 @@ class OutboxProcessor:
 
         try:
             if run.rule.sweeps:
-                await store.release_held(self._pool, hold_on_failure=self._hold)
+                await self._store.release_held(hold_on_failure=self._hold)
             await self._leaser.drain(run, batches, start)
         except DatabaseError as exc:
             report_error(summary, f"database error: {exc}", self._redact)

@@ -51,7 +51,7 @@ class Recorder:
 
     def __init__(
         self,
-        pool: store.Connection,
+        relay_store: store.RelayStore,
         *,
         hold_on_failure: bool,
         clock: DatabaseClock,
@@ -59,7 +59,7 @@ class Recorder:
         breakers: Breakers,
         redact: Redactor,
     ) -> None:
-        self._pool = pool
+        self._store = relay_store
         self._hold = hold_on_failure
         self._clock = clock
         self._classifier = classifier
@@ -79,8 +79,8 @@ class Recorder:
 
     async def _record(self, records: list[Recorded], run: Run) -> None:
         def write(retrying: bool) -> Awaitable[store.Written]:
-            return store.record_outcomes(
-                self._pool, records, hold_on_failure=self._hold, retrying=retrying
+            return self._store.record_outcomes(
+                records, hold_on_failure=self._hold, retrying=retrying
             )
 
         written = await self._write(write, len(records), run.summary)
@@ -103,8 +103,8 @@ class Recorder:
         messages = batch.messages
 
         def write(retrying: bool) -> Awaitable[store.Written]:
-            return store.record_delivered(
-                self._pool, messages, sent, hold_on_failure=self._hold, retrying=retrying
+            return self._store.record_delivered(
+                messages, sent, hold_on_failure=self._hold, retrying=retrying
             )
 
         summary = batch.run.summary

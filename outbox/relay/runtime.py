@@ -33,10 +33,16 @@ class Relay(Closeable):
     ) -> None:
         self.settings = settings
         self.pool = pool
+        self.store = store.PostgresStore(pool)
         self.publisher = publisher
         self.loop = asyncio.get_running_loop()
         self.processor = OutboxProcessor(
-            pool, publisher.deliver, settings, clock=clock, telemetry=telemetry
+            pool,
+            publisher.deliver,
+            settings,
+            clock=clock,
+            telemetry=telemetry,
+            relay_store=self.store,
         )
         # Wake-up hints for what comes due later; none where no queue is configured.
         self.wakeups = WakeUps(settings) if settings.has_queue else None
@@ -53,7 +59,7 @@ class Relay(Closeable):
             budget_seconds, until_caught_up=until_caught_up, trigger=trigger
         )
         if self.wakeups is not None:
-            await self.wakeups.after_run(self.pool, summary)
+            await self.wakeups.after_run(self.store, summary)
         return summary
 
     async def wake_now(self) -> bool:

@@ -50,7 +50,7 @@ class WakeUps(Closeable):
         # When the earliest hint that could not be sent would have woken a run (monotonic).
         self._unsent: float | None = None
 
-    async def after_run(self, pool: store.Connection, summary: DrainSummary) -> None:
+    async def after_run(self, relay_store: store.RelayStore, summary: DrainSummary) -> None:
         """Wake the next run when it is needed: now, after a database error, or when the next
         message comes due."""
         if summary.stopped_by == "error":
@@ -59,7 +59,7 @@ class WakeUps(Closeable):
         if summary.released and summary.stopped_by in ("budget", "stopped"):
             await self.wake_now()
         try:
-            due_in = await store.next_due_in(pool)
+            due_in = await relay_store.next_due_in()
         except DatabaseError as exc:
             logger.warning("outbox: when the next message comes due is unknown: %s", exc.kind)
             return

@@ -2,9 +2,11 @@
 and the operators' commands over the tables. Imports only ``outbox.core``.
 
 ``from outbox import store; store.lease_batch(...)``: the store's functions and rows, from
-``postgres.py``.
+``postgres.py``; ``RelayStore`` (``contract.py``), what the relay asks of a store, kept by
+``PostgresStore`` and by ``memory.MemoryStore`` (the relay's unit tests).
 """
 
+from outbox.store.contract import RelayStore
 from outbox.store.postgres import (
     COMMAND_TIMEOUT_SECONDS,
     INBOX_MIGRATIONS,
@@ -18,6 +20,7 @@ from outbox.store.postgres import (
     Connection,
     Lease,
     OutcomeRow,
+    PostgresStore,
     Requeued,
     SentAttempt,
     Statement,
@@ -69,6 +72,8 @@ __all__ = [
     "Connection",
     "Lease",
     "OutcomeRow",
+    "PostgresStore",
+    "RelayStore",
     "Requeued",
     "SentAttempt",
     "Statement",

@@ -727,3 +727,90 @@ async def open_breakers(conn: Connection) -> list[dict[str, Any]]:
 @database_boundary
 async def _fetchval(conn: Connection, statement: str, *args: Any) -> Any:
     return await conn.fetchval(statement, *args)
+
+
+class PostgresStore:
+    """The relay's store (``outbox.store.contract.RelayStore``) over a pool: each call hands back
+    the coroutine of this module's function of the same name, so the relay's path awaits no
+    frame of its own here."""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool: Connection) -> None:
+        self.pool = pool
+
+    def lease_batch(
+        self,
+        batch_size: int,
+        lease_seconds: float,
+        *,
+        hold_on_failure: bool = True,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        usual_size: int | None = None,
+        skip: Sequence[str] = (),
+    ) -> Coroutine[Any, Any, Lease]:
+        return lease_batch(
+            self.pool,
+            batch_size,
+            lease_seconds,
+            hold_on_failure=hold_on_failure,
+            max_payload_bytes=max_payload_bytes,
+            usual_size=usual_size,
+            skip=skip,
+        )
+
+    def endpoints_tried(
+        self, message_ids: Sequence[UUID]
+    ) -> Coroutine[Any, Any, dict[UUID, frozenset[str | None]]]:
+        return endpoints_tried(self.pool, message_ids)
+
+    def record_outcomes(
+        self, records: Sequence[Recorded], *, hold_on_failure: bool = True, retrying: bool = False
+    ) -> Coroutine[Any, Any, Written]:
+        return record_outcomes(
+            self.pool, records, hold_on_failure=hold_on_failure, retrying=retrying
+        )
+
+    def record_delivered(
+        self,
+        messages: Sequence[LeasedMessage],
+        attempts: Sequence[SentAttempt],
+        *,
+        hold_on_failure: bool = True,
+        retrying: bool = False,
+    ) -> Coroutine[Any, Any, Written]:
+        return record_delivered(
+            self.pool, messages, attempts, hold_on_failure=hold_on_failure, retrying=retrying
+        )
+
+    def release_held(self, *, hold_on_failure: bool = True) -> Coroutine[Any, Any, int]:
+        return release_held(self.pool, hold_on_failure=hold_on_failure)
+
+    def next_due_in(self) -> Coroutine[Any, Any, float | None]:
+        return next_due_in(self.pool)
+
+    def endpoint_failed(
+        self,
+        key: tuple[str, str],
+        failures: int,
+        *,
+        threshold: int,
+        probe_failed: bool,
+        cool_down: tuple[float, float],
+        others: Sequence[str],
+    ) -> Coroutine[Any, Any, float | None]:
+        return endpoint_failed(
+            self.pool,
+            key,
+            failures,
+            threshold=threshold,
+            probe_failed=probe_failed,
+            cool_down=cool_down,
+            others=others,
+        )
+
+    def endpoint_recovered(self, key: tuple[str, str]) -> Coroutine[Any, Any, None]:
+        return endpoint_recovered(self.pool, key)
+
+    def claim_probe(self, key: tuple[str, str], seconds: float) -> Coroutine[Any, Any, bool]:
+        return claim_probe(self.pool, key, seconds)

@@ -1,0 +1,96 @@
+"""What the relay asks of its store: every call the relay's parts make, and nothing else.
+
+Two stores keep this contract: ``PostgresStore`` (``outbox.store.postgres``: the named statements
+of ``queries.sql`` over a pool, what every host runs) and ``MemoryStore`` (``outbox.store.memory``:
+the same rules over dicts, for the unit tests of the relay's loop). tests/contract runs the same
+assertions against both. The operators' commands (status, requeue, purge, migrate) are not part of
+it: they speak SQL to PostgreSQL only.
+
+A call returns an awaitable: ``PostgresStore`` hands back the statement's own coroutine (no frame
+of its own per call on the relay's path), ``MemoryStore`` answers in an ``async def``. Database
+failures are raised as ``outbox.core.errors.DatabaseError``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Sequence
+from typing import Protocol
+from uuid import UUID
+
+from outbox.core.models import LeasedMessage, Recorded
+from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES
+from outbox.store.postgres import Lease, SentAttempt, Written
+
+Key = tuple[str, str]  # an endpoint: (event type, endpoint name)
+
+
+class RelayStore(Protocol):
+    """The store calls of the relay (lease, record, breakers, wake-ups), as ``store.postgres``
+    names and documents them."""
+
+    def lease_batch(
+        self,
+        batch_size: int,
+        lease_seconds: float,
+        *,
+        hold_on_failure: bool = True,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES,
+        usual_size: int | None = None,
+        skip: Sequence[str] = (),
+    ) -> Awaitable[Lease]:
+        """Claim up to ``batch_size`` due messages for ``lease_seconds`` (one in flight per
+        ordering key; those waiting behind one not in flight are parked)."""
+        ...
+
+    def endpoints_tried(
+        self, message_ids: Sequence[UUID]
+    ) -> Awaitable[dict[UUID, frozenset[str | None]]]:
+        """The endpoints each message was sent to, by its attempt history."""
+        ...
+
+    def record_outcomes(
+        self, records: Sequence[Recorded], *, hold_on_failure: bool = True, retrying: bool = False
+    ) -> Awaitable[Written]:
+        """Write a batch's outcomes and attempts, fenced by each message's lease token."""
+        ...
+
+    def record_delivered(
+        self,
+        messages: Sequence[LeasedMessage],
+        attempts: Sequence[SentAttempt],
+        *,
+        hold_on_failure: bool = True,
+        retrying: bool = False,
+    ) -> Awaitable[Written]:
+        """``record_outcomes`` for a batch whose every message was delivered."""
+        ...
+
+    def release_held(self, *, hold_on_failure: bool = True) -> Awaitable[int]:
+        """Make due again the parked messages nothing is in the way of any more; how many."""
+        ...
+
+    def next_due_in(self) -> Awaitable[float | None]:
+        """Seconds until the next Pending message comes due, if one waits for a time."""
+        ...
+
+    def endpoint_failed(
+        self,
+        key: Key,
+        failures: int,
+        *,
+        threshold: int,
+        probe_failed: bool,
+        cool_down: tuple[float, float],
+        others: Sequence[str],
+    ) -> Awaitable[float | None]:
+        """Count an endpoint's failures, opening its breaker at ``threshold`` (or after a failed
+        probe); the seconds until it reopens, if open."""
+        ...
+
+    def endpoint_recovered(self, key: Key) -> Awaitable[None]:
+        """The endpoint answered: its breaker closes."""
+        ...
+
+    def claim_probe(self, key: Key, seconds: float) -> Awaitable[bool]:
+        """Whether this relay sends the probe of the endpoint (claimed for ``seconds``)."""
+        ...
