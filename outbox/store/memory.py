@@ -30,13 +30,14 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 from uuid import UUID
 
 from outbox.core.errors import DatabaseError
 from outbox.core.models import LeasedMessage, Recorded, Status
 from outbox.core.outcomes import attempt_facts
 from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES
-from outbox.store.contract import Key
+from outbox.store.contract import Key, RelayStore
 from outbox.store.postgres import BreakerSeen, Lease, SentAttempt, Written
 
 PENDING, PROCESSING = Status.PENDING.value, Status.PROCESSING.value
@@ -100,7 +101,7 @@ class MemoryStore:
     failing: DatabaseError | None = None
     # Each call's name, in order (what the relay asked).
     calls: list[str] = field(default_factory=list)
-    _seq: int = 0
+    _seq: int = field(default=0, init=False, repr=False)  # the ordering sequence
 
     def add(
         self,
@@ -445,3 +446,9 @@ def _endpoint_status(row: Row, endpoint: str) -> str:
         return PENDING
     state = json.loads(row.endpoint_state).get(endpoint)
     return PENDING if state is None else str(state.get("status", PENDING))
+
+
+if TYPE_CHECKING:  # mypy checks that the memory store keeps the whole contract
+
+    def _keeps_the_contract(store: MemoryStore) -> RelayStore:
+        return store

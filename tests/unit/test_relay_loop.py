@@ -274,3 +274,15 @@ async def test_the_first_lease_takes_one_batch_to_learn_the_pace() -> None:
     assert summary.processed == 120
     assert sizes[0] == 50
     assert all(size <= 50 for size in sizes)
+
+
+async def test_a_message_leased_by_a_relay_that_died_waits_for_its_lease_to_expire() -> None:
+    clock = Clock()
+    processor, memory = relay(Receiver(), clock)
+    message_id = memory.add("OrderCompleted")
+    await memory.lease_batch(10, 60)  # another relay leases it, then dies
+    assert (await processor.execute()).leased == 0
+    clock.advance(61)
+    summary = await processor.execute()
+    assert summary.processed == 1
+    assert memory.messages[message_id].attempt_count == 2
