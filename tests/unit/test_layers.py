@@ -159,3 +159,27 @@ def test_loggers_keep_their_names_whatever_module_holds_them() -> None:
         if "getLogger(__name__)" in path.read_text(encoding="utf-8")
     ]
     assert named == []
+
+
+def test_the_relay_reaches_the_database_only_through_its_store_contract() -> None:
+    # Every call of the relay's parts goes through a RelayStore (store/contract.py), so the loop
+    # runs over MemoryStore as over PostgreSQL; only the runtime opens the pool it wraps.
+    from outbox.store.contract import RelayStore
+
+    contract = {name for name in vars(RelayStore) if not name.startswith("_")}
+    direct = []
+    for module, _, path in modules():
+        if layer_of(module) != "relay":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "store"
+                and node.func.attr.islower()  # a function; the rows' types are data
+                and node.func.attr != "create_pool"
+            ):
+                direct.append(f"{module}:{node.lineno} store.{node.func.attr}")
+    assert direct == []
+    assert contract >= {"lease_batch", "record_outcomes", "record_delivered", "endpoint_failed"}
