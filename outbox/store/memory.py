@@ -240,44 +240,32 @@ class MemoryStore:
         applied: set[UUID] = set()
         lets_next_go = False
         for record in records:
-            message, outcome = record.message, record.outcome
-            row = self._held(message)
+            row = self._held(record.message)
             if row is not None:
                 applied.add(row.message_id)
-                row.status = outcome.status.value
-                row.attempt_count -= 1 if outcome.not_attempted else 0
-                if outcome.status is Status.PENDING:
-                    row.next_attempt_at = now + outcome.delay_seconds
-                row.processed_at = now if outcome.status is Status.PROCESSED else None
-                row.lease_expires_at = None
-                if not outcome.not_attempted:
-                    row.last_error = outcome.error
-                state = record.endpoint_state
-                row.endpoint_state = (
-                    None
-                    if state is None
-                    else json.dumps({n: s.as_json() for n, s in state.items()}, ensure_ascii=False)
-                )
+                _apply(row, record, now)
                 lets_next_go |= self._let_next_go(row, now, hold_on_failure)
-            if row is None and message.message_id not in self.messages:
-                continue  # no attempt outlives its message
-            for delivered in record.deliveries:
-                if delivered.outcome.not_attempted:
-                    continue
-                facts = attempt_facts(delivered.attempt.result)
-                self.attempts.append(
-                    AttemptEntry(
-                        message.message_id,
-                        delivered.endpoint,
-                        delivered.number,
-                        message.lease_token,
-                        delivered.outcome.status.value,
-                        row is not None,
-                        facts.http_status,
-                        delivered.outcome.error,
-                    )
-                )
+            if row is not None or record.message.message_id in self.messages:
+                self._keep_history(record, applied=row is not None)  # none without its message
         return Written(applied, lets_next_go)
+
+    def _keep_history(self, record: Recorded, *, applied: bool) -> None:
+        message = record.message
+        for delivered in record.deliveries:
+            if delivered.outcome.not_attempted:
+                continue  # given back: no attempt to keep
+            self.attempts.append(
+                AttemptEntry(
+                    message.message_id,
+                    delivered.endpoint,
+                    delivered.number,
+                    message.lease_token,
+                    delivered.outcome.status.value,
+                    applied,
+                    attempt_facts(delivered.attempt.result).http_status,
+                    delivered.outcome.error,
+                )
+            )
 
     async def record_delivered(
         self,
@@ -427,6 +415,25 @@ class MemoryStore:
             return False
         endpoint.probe_until = now + seconds
         return True
+
+
+def _apply(row: Row, record: Recorded, now: float) -> None:
+    """A message's outcome on its row, as ``record_outcomes``' update sets it."""
+    outcome, state = record.outcome, record.endpoint_state
+    row.status = outcome.status.value
+    if outcome.not_attempted:
+        row.attempt_count -= 1
+    else:
+        row.last_error = outcome.error
+    if outcome.status is Status.PENDING:
+        row.next_attempt_at = now + outcome.delay_seconds
+    row.processed_at = now if outcome.status is Status.PROCESSED else None
+    row.lease_expires_at = None
+    row.endpoint_state = (
+        None
+        if state is None
+        else json.dumps({n: s.as_json() for n, s in state.items()}, ensure_ascii=False)
+    )
 
 
 def _due_at(row: Row) -> float:
