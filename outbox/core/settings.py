@@ -77,6 +77,8 @@ _ENV_NAMES = {
     "queue_connection": "AzureWebJobsStorage",
     "queue_service_uri": "AzureWebJobsStorage__queueServiceUri",
     "queue_account_name": "AzureWebJobsStorage__accountName",
+    "queue_credential": "AzureWebJobsStorage__credential",
+    "queue_client_id": "AzureWebJobsStorage__clientId",
 }
 
 
@@ -269,6 +271,16 @@ class QueueSettings(BaseSettings):
         default=None,
         validation_alias=AliasChoices("AzureWebJobsStorage__accountName", "queue_account_name"),
     )
+    # As the Functions host reads them: `managedidentity` (any case) and a user-assigned
+    # identity's client id; unset, DefaultAzureCredential.
+    queue_credential: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("AzureWebJobsStorage__credential", "queue_credential"),
+    )
+    queue_client_id: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("AzureWebJobsStorage__clientId", "queue_client_id"),
+    )
 
     @field_validator("queue_name")
     @classmethod
@@ -279,6 +291,13 @@ class QueueSettings(BaseSettings):
                 "and single hyphens, starting and ending with a letter or digit"
             )
         return name
+
+    @field_validator("queue_credential")
+    @classmethod
+    def _check_queue_credential(cls, value: str | None) -> str | None:
+        if value is not None and value.lower() != "managedidentity":
+            raise ValueError("must be managedidentity (or unset: DefaultAzureCredential)")
+        return value
 
     @property
     def has_queue(self) -> bool:

@@ -43,8 +43,6 @@ QUEUE_SENDER = "c6a89b2d-59bc-44d0-9896-0f6e12d7b80a"  # Storage Queue Data Mess
 # The settings the template sets for the Functions host and the Azure SDKs, not for Settings.
 PLATFORM = {
     "AzureWebJobsStorage__blobServiceUri",  # the host's keys and timer leases
-    "AzureWebJobsStorage__credential",
-    "AzureWebJobsStorage__clientId",
     "AZURE_CLIENT_ID",  # DefaultAzureCredential (notify()) picks the user-assigned identity
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
     "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",  # Entra sign-in: local auth is off
@@ -134,6 +132,8 @@ def test_the_app_settings_load_as_the_relays_settings(
         monkeypatch.setenv(name, secrets[name] if vaulted else value)
     settings = Settings.load()
     assert settings.database_auth == auth
+    assert settings.queue_credential == "managedidentity"
+    assert settings.queue_client_id == settings.database_client_id
     assert settings.database_client_id  # the identity's, which the template resolves
     assert settings.queue_name == DEFAULT_QUEUE_NAME
     assert settings.queue_service_uri == "https://outboxuuuuuuuuuuuuu.queue.core.windows.net"
