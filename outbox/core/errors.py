@@ -60,6 +60,14 @@ class DatabaseError(OutboxError):
         self.kind = kind  # the driver's exception class, e.g. ConnectionRefusedError
 
 
+class EntraTokenError(OutboxError):
+    """No Microsoft Entra access token for PostgreSQL could be had (``OUTBOX_DATABASE_AUTH=entra``).
+
+    Its message is one line naming the credential and the cause, never a token. At the store's
+    boundary it becomes a transient ``DatabaseError``: the identity endpoint may come back.
+    """
+
+
 class DrainFailedError(OutboxError):
     """A scheduled drain hit a database error (raised so the invocation shows as failed)."""
 

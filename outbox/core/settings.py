@@ -77,6 +77,8 @@ _ENV_NAMES = {
     "queue_connection": "AzureWebJobsStorage",
     "queue_service_uri": "AzureWebJobsStorage__queueServiceUri",
     "queue_account_name": "AzureWebJobsStorage__accountName",
+    "queue_credential": "AzureWebJobsStorage__credential",
+    "queue_client_id": "AzureWebJobsStorage__clientId",
 }
 
 
@@ -269,6 +271,16 @@ class QueueSettings(BaseSettings):
         default=None,
         validation_alias=AliasChoices("AzureWebJobsStorage__accountName", "queue_account_name"),
     )
+    # As the Functions host reads them: `managedidentity` (any case) and a user-assigned
+    # identity's client id; unset, DefaultAzureCredential.
+    queue_credential: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("AzureWebJobsStorage__credential", "queue_credential"),
+    )
+    queue_client_id: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("AzureWebJobsStorage__clientId", "queue_client_id"),
+    )
 
     @field_validator("queue_name")
     @classmethod
@@ -279,6 +291,13 @@ class QueueSettings(BaseSettings):
                 "and single hyphens, starting and ending with a letter or digit"
             )
         return name
+
+    @field_validator("queue_credential")
+    @classmethod
+    def _check_queue_credential(cls, value: str | None) -> str | None:
+        if value is not None and value.lower() != "managedidentity":
+            raise ValueError("must be managedidentity (or unset: DefaultAzureCredential)")
+        return value
 
     @property
     def has_queue(self) -> bool:
@@ -298,6 +317,9 @@ class Settings(QueueSettings):
     """The relay's configuration. ``Settings.load()`` reads it from the environment."""
 
     database_url: SecretStr
+    # password: OUTBOX_DATABASE_URL's own; entra: a Microsoft Entra access token (outbox.entra).
+    database_auth: Literal["password", "entra"] = "password"
+    database_client_id: str | None = None  # a user-assigned managed identity's client id
     # Event type → one endpoint or a list of them; after validation, a tuple of them, each named.
     webhooks: Annotated[dict[str, _Endpoints], NoDecode] = Field(default_factory=dict)
     batch_size: int = Field(default=100, ge=1, le=1000)
@@ -329,6 +351,11 @@ class Settings(QueueSettings):
         if problem:
             raise ValueError(problem)
         return url
+
+    @model_validator(mode="after")
+    def _check_database_auth(self) -> Self:
+        _no_password_with_entra(self.database_url, self.database_auth)
+        return self
 
     @field_validator("webhooks", mode="before")
     @classmethod
@@ -411,6 +438,15 @@ def min_lease_seconds(http_timeout_seconds: float) -> float:
     return 2 * http_timeout_seconds + LEASE_SAFETY_SECONDS
 
 
+def _no_password_with_entra(url: SecretStr, auth: str) -> None:
+    """With ``entra``, the token is the password: one in the URL as well would be a mistake."""
+    if auth == "entra" and urlsplit(url.get_secret_value()).password:
+        raise ValueError(
+            f"{env_name('database_url')} must hold no password when "
+            f"{env_name('database_auth')} is entra (the Microsoft Entra token is the password)"
+        )
+
+
 class DatabaseSettings(BaseSettings):
     """Only ``OUTBOX_DATABASE_URL``: all that the consumer inbox's commands (``migrate --inbox``,
     ``purge --inbox``) read, in a service that runs no relay and has none of its settings."""
@@ -418,11 +454,18 @@ class DatabaseSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OUTBOX_", extra="ignore", frozen=True)
 
     database_url: SecretStr
+    database_auth: Literal["password", "entra"] = "password"
+    database_client_id: str | None = None
 
     @field_validator("database_url")
     @classmethod
     def _check_database_url(cls, url: SecretStr) -> SecretStr:
         return Settings._check_database_url(url)
+
+    @model_validator(mode="after")
+    def _check_database_auth(self) -> Self:
+        _no_password_with_entra(self.database_url, self.database_auth)
+        return self
 
     @classmethod
     def load(cls) -> Self:

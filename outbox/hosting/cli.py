@@ -34,7 +34,7 @@ from outbox.hosting.console import configure_cli, configure_console, help_text
 from outbox.hosting.runenv import load_run_env
 from outbox.producer.core import enqueue
 from outbox.relay.runtime import Relay
-from outbox.store import operations
+from outbox.store import entra, operations
 from outbox.store.migrate import (
     DEFAULT_MAX_LOCK_WAIT_SECONDS,
     LOCK_TIMEOUT_SECONDS,
@@ -346,7 +346,9 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
         return await run_drain(settings, args)
     if args.command == "serve":
         return await run_serve(settings, args)
-    conn = await store.connect(settings.database_url.get_secret_value())
+    conn = await store.connect(
+        settings.database_url.get_secret_value(), password=entra.for_settings(settings)
+    )
     try:
         # enqueue's transaction is the caller's own, outside the store's boundary: this one
         # keeps its driver errors from reaching the user as a traceback.
@@ -357,7 +359,9 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def run_inbox(settings: DatabaseSettings, args: argparse.Namespace) -> int:
-    conn = await store.connect(settings.database_url.get_secret_value())
+    conn = await store.connect(
+        settings.database_url.get_secret_value(), password=entra.for_settings(settings)
+    )
     try:
         return await store.database_boundary(INBOX_COMMANDS[args.command])(conn, args)
     finally:

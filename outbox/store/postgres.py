@@ -36,10 +36,11 @@ from uuid import UUID
 
 import asyncpg
 
-from outbox.core.errors import DatabaseError, describe
+from outbox.core.errors import DatabaseError, EntraTokenError, describe
 from outbox.core.models import Delivered, LeasedMessage, Recorded
 from outbox.core.outcomes import attempt_facts
 from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES, Settings
+from outbox.store import entra
 
 # asyncpg ships no type information; a connection or a pool both offer fetch/execute.
 Connection = Any
@@ -70,6 +71,8 @@ def database_boundary(
     async def guarded(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
             return await operation(*args, **kwargs)
+        except EntraTokenError as exc:  # one line already, and never with the token
+            raise DatabaseError(str(exc), transient=True, kind=type(exc).__name__) from None
         except TRANSIENT_ERRORS as exc:
             raise DatabaseError(describe(exc), transient=True, kind=type(exc).__name__) from exc
         except asyncpg.PostgresError as exc:
@@ -103,6 +106,7 @@ async def create_pool(settings: Settings) -> Connection:
     """
     return await asyncpg.create_pool(
         settings.database_url.get_secret_value(),
+        password=entra.for_settings(settings),  # None: the URL's own
         min_size=0,
         max_size=settings.db_pool_size,
         max_inactive_connection_lifetime=60,
@@ -119,9 +123,10 @@ async def _keep_session(conn: Connection) -> None:
 
 
 @database_boundary
-async def connect(url: str) -> Connection:
-    """One connection (the commands', and migrations')."""
-    return await asyncpg.connect(url, command_timeout=COMMAND_TIMEOUT_SECONDS)
+async def connect(url: str, *, password: entra.EntraPassword | None = None) -> Connection:
+    """One connection (the commands', and migrations'); ``password`` (an Entra token) or the
+    URL's own."""
+    return await asyncpg.connect(url, password=password, command_timeout=COMMAND_TIMEOUT_SECONDS)
 
 
 @database_boundary

@@ -98,10 +98,23 @@ def build_client(
             raise ConfigurationError(BAD_CONNECTION_STRING) from None
     account_url = queue_account_url(settings)
     try:
-        credential = importlib.import_module(identity).DefaultAzureCredential()
+        module = importlib.import_module(identity)
     except ImportError:
         raise ConfigurationError(NEEDS_IDENTITY) from None
+    credential = queue_credential(settings, module)
     return cast(Client, sdk(account_url, settings.queue_name, credential=credential, **options))
+
+
+def queue_credential(settings: QueueSettings, identity: Any) -> Any:
+    """The identity's credential, chosen as the Functions host chooses it: with
+    ``AzureWebJobsStorage__credential=managedidentity`` a ``ManagedIdentityCredential`` (of
+    ``AzureWebJobsStorage__clientId``'s user-assigned identity, if set), else
+    ``DefaultAzureCredential``."""
+    if settings.queue_credential is not None:  # managedidentity: the only value accepted
+        if settings.queue_client_id:
+            return identity.ManagedIdentityCredential(client_id=settings.queue_client_id)
+        return identity.ManagedIdentityCredential()
+    return identity.DefaultAzureCredential()
 
 
 class HintClient(Generic[Client]):

@@ -16,11 +16,20 @@ BIN = ROOT / "tools" / "node_modules" / ".bin"
 class Azurite:
     """One Azurite process (queue service only, or the full emulator), in memory."""
 
-    def __init__(self, *, full: bool = False) -> None:
+    def __init__(self, *, full: bool = False, tls: tuple[Path, Path] | None = None) -> None:
+        """``tls``: a certificate and its key: Azurite then speaks HTTPS and checks OAuth
+        tokens (``--oauth basic``: their audience, issuer and lifetime, not their signature)."""
         self.full = full
+        self.tls = tls
         self.queue_port = free_port()
         self.blob_port = free_port() if full else None
         self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def queue_service_uri(self) -> str:
+        """The queue service, as an identity-based connection names it (path-style account)."""
+        scheme = "https" if self.tls is not None else "http"
+        return f"{scheme}://127.0.0.1:{self.queue_port}/devstoreaccount1"
 
     @property
     def connection_string(self) -> str:
@@ -41,6 +50,9 @@ class Azurite:
             "--queuePort",
             str(self.queue_port),
         ]
+        if self.tls is not None:
+            cert, key = self.tls
+            args += ["--oauth", "basic", "--cert", str(cert), "--key", str(key)]
         if self.full:
             args += [
                 "--blobHost",

@@ -109,10 +109,12 @@ async def peek_hints(queue_settings: QueueSettings) -> list[dict[str, Any]]:
     return [json.loads(m.content) for m in messages]
 
 
-async def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+async def run_cli(
+    *args: str, env: dict[str, str], module: str = "outbox"
+) -> subprocess.CompletedProcess[str]:
     def run() -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "outbox", *args],
+            [sys.executable, "-m", module, *args],
             cwd=ROOT,
             env={"PATH": os.environ["PATH"], **env},
             capture_output=True,

@@ -40,14 +40,9 @@ ROLES = {
     "4633458b-17de-408a-b874-0445c86b69e6": ("Key Vault Secrets User", "Microsoft.KeyVault/vaults"),
 }
 QUEUE_SENDER = "c6a89b2d-59bc-44d0-9896-0f6e12d7b80a"  # Storage Queue Data Message Sender
-# Settings the template sets before the relay reads them (docs/azure.md says so): passwordless
-# PostgreSQL. When Settings gains them, they leave this set and join docs/configuration.md.
-PLANNED = {"OUTBOX_DATABASE_AUTH", "OUTBOX_DATABASE_CLIENT_ID"}
 # The settings the template sets for the Functions host and the Azure SDKs, not for Settings.
 PLATFORM = {
     "AzureWebJobsStorage__blobServiceUri",  # the host's keys and timer leases
-    "AzureWebJobsStorage__credential",
-    "AzureWebJobsStorage__clientId",
     "AZURE_CLIENT_ID",  # DefaultAzureCredential (notify()) picks the user-assigned identity
     "APPLICATIONINSIGHTS_CONNECTION_STRING",
     "APPLICATIONINSIGHTS_AUTHENTICATION_STRING",  # Entra sign-in: local auth is off
@@ -114,13 +109,13 @@ def test_the_schema_check_would_catch_a_mistake(kind: str, key: str, wrong: Any)
 # --- What the relay needs ---------------------------------------------------------------------
 
 
-def test_the_app_settings_are_what_settings_reads_the_host_needs_or_is_planned() -> None:
+def test_the_app_settings_are_what_settings_reads_or_the_host_needs() -> None:
     names = set(app_settings())
     required = {env_name(f) for f, info in Settings.model_fields.items() if info.is_required()}
     assert required <= names
     assert "OUTBOX_QUEUE_NAME" in names  # the queue trigger's %OUTBOX_QUEUE_NAME%
-    assert names - PLATFORM - PLANNED <= relay_names()
-    assert not PLANNED & relay_names(), "Settings reads it now: move it to configuration.md"
+    assert names - PLATFORM <= relay_names()
+    assert {"OUTBOX_DATABASE_AUTH", "OUTBOX_DATABASE_CLIENT_ID"} <= relay_names()
     assert {"AzureWebJobsStorage", "OUTBOX_FUNCTION_KEY"}.isdisjoint(names)  # keys, not identity
 
 
@@ -136,6 +131,10 @@ def test_the_app_settings_load_as_the_relays_settings(
         vaulted = value.startswith("@Microsoft.KeyVault(")
         monkeypatch.setenv(name, secrets[name] if vaulted else value)
     settings = Settings.load()
+    assert settings.database_auth == auth
+    assert settings.queue_credential == "managedidentity"
+    assert settings.queue_client_id == settings.database_client_id
+    assert settings.database_client_id  # the identity's, which the template resolves
     assert settings.queue_name == DEFAULT_QUEUE_NAME
     assert settings.queue_service_uri == "https://outboxuuuuuuuuuuuuu.queue.core.windows.net"
     assert settings.db_pool_size == 4
@@ -147,7 +146,7 @@ def test_the_settings_it_sets_are_documented() -> None:
     azure = (ROOT / "docs" / "azure.md").read_text()
     for name in set(app_settings()) & relay_names():
         assert f"| `{name}` |" in table, name
-    for name in PLANNED | PLATFORM:
+    for name in PLATFORM:
         assert f"`{name}`" in azure, name
 
 

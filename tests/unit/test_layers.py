@@ -36,6 +36,7 @@ TOP_LEVEL = {
     "outbox.errors",
     "outbox.local",
     "outbox.demo_receiver",
+    "outbox.entra",
 }
 
 

@@ -37,6 +37,7 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
     assert b"Provides-Extra: sqlalchemy" in metadata
     assert b'Requires-Dist: psycopg[binary]<4,>=3.1; extra == "psycopg"' in metadata
     assert b'Requires-Dist: sqlalchemy[asyncio]<3,>=2.0; extra == "sqlalchemy"' in metadata
+    assert b'Requires-Dist: azure-identity<2,>=1.15; extra == "azure"' in metadata
     # Installed elsewhere, away from this checkout, it imports and finds its SQL.
     site = tmp_path / "site"
     subprocess.run(
