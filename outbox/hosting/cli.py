@@ -334,8 +334,15 @@ async def run_serve(settings: Settings, args: argparse.Namespace) -> int:
     from outbox.hosting import serve  # noqa: PLC0415
 
     key = settings.function_key.get_secret_value() if settings.function_key else None
+    view = settings.console_view_key
     options = serve.ServeOptions(
-        args.host, args.port, args.host_json, key, args.app, args.max_connections
+        args.host,
+        args.port,
+        args.host_json,
+        key,
+        args.app,
+        args.max_connections,
+        view.get_secret_value() if view else None,
     )
     await serve.main(options, settings)
     return EXIT_OK

@@ -107,6 +107,7 @@ class RequeueReport:
     requeued: int
     dry_run: bool
     message_ids: list[str]  # at most MAX_LISTED_IDS of them
+    endpoints: list[str] | None = None  # a dry run's: where they would be sent again
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,8 +128,9 @@ async def requeue(conn: store.Connection, wanted: RequeueFilter, *, dry_run: boo
         dry_run=dry_run,
         listed=MAX_LISTED_IDS,
         endpoint=wanted.endpoint,
+        error=wanted.error,
     )
-    return RequeueReport(found.total, dry_run, [str(i) for i in found.first_ids])
+    return RequeueReport(found.total, dry_run, [str(i) for i in found.first_ids], found.endpoints)
 
 
 @dataclass(slots=True)
