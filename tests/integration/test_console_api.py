@@ -14,7 +14,10 @@ import pytest
 from outbox.azure import functions
 from outbox.core.errors import BadRequestError
 from outbox.core.queries import MESSAGE_FLAGS, parse_message_query
-from tests.support.outbox_helpers import seed
+from outbox.store import operator
+from tests.conftest import SECRET
+from tests.support.outbox_helpers import open_relay, run_cli, seed, statuses
+from tests.support.receiver import Receiver
 
 
 def get(route: str, params: dict[str, str] | None = None, **route_params: str) -> Any:
@@ -176,3 +179,88 @@ async def test_pause_and_resume_are_persisted_checked_and_recorded(db: Any, app_
 def test_message_query_flags_name_the_flag() -> None:
     with pytest.raises(BadRequestError, match=r"^--status must be one of"):
         parse_message_query({"status": "nope"}, MESSAGE_FLAGS)
+
+
+async def test_a_paused_endpoint_waits_spending_no_attempt_while_the_other_receives(
+    db: Any, make_settings: Any, receiver: Receiver
+) -> None:
+    settings = make_settings(
+        webhooks={
+            "OrderCompleted": [
+                {"name": "billing", "url": receiver.url("/billing"), "secret": SECRET},
+                {"name": "shipping", "url": receiver.url("/shipping"), "secret": SECRET},
+            ]
+        }
+    )
+    await operator.pause(db, ("OrderCompleted", "shipping"), actor="key:test")
+    ids = await seed(db, 3)
+    async with open_relay(settings) as relay:
+        await relay.drain(10)
+        await relay.drain(10)  # the second lease has read the pause for certain
+        assert len(receiver.to("/billing")) == 3
+        assert receiver.to("/shipping") == []
+        waiting = await db.fetch(
+            "SELECT status, endpoint_state FROM outbox_messages WHERE outbox_message_id = ANY($1)",
+            ids,
+        )
+        assert {r["status"] for r in waiting} == {"Pending"}
+        for r in waiting:
+            state = json.loads(r["endpoint_state"])
+            assert state["shipping"]["status"] == "Pending"
+            assert state["shipping"]["attempts"] == 0  # waiting spent no attempt
+        resumed = await operator.resume(db, ("OrderCompleted", "shipping"), actor="key:test")
+        assert resumed["due"] == 3
+        await relay.drain(10)
+    assert len(receiver.to("/shipping")) == 3
+    assert len(receiver.to("/billing")) == 3
+    assert await statuses(db) == {"Processed": 3}
+
+
+async def test_the_commands_list_pause_resume_endpoints_and_requeue_by_error_text(
+    db: Any, database_url: str, receiver: Receiver
+) -> None:
+    env = {
+        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_WEBHOOKS": json.dumps(
+            {"OrderCompleted": {"url": receiver.url("/orders"), "secret": SECRET}}
+        ),
+    }
+    timeouts = await failed(db, 2, "HTTP 504: gateway\x1b[31m timeout")
+    await failed(db, 1, "HTTP 400: bad")
+    listed = await run_cli("list", "--status", "Failed", "--error", "504", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    page = json.loads(listed.stdout)
+    assert sorted(m["outbox_message_id"] for m in page["messages"]) == sorted(map(str, timeouts))
+    text = await run_cli("list", "--status", "Failed", "--limit", "1", env=env)
+    assert "\x1b" not in text.stdout  # a receiver's text cannot forge the terminal's output
+    assert "more: --after " in text.stdout
+    bad = await run_cli("list", "--created-from", "noon", env=env)
+    assert (bad.returncode, "--created-from must be an ISO 8601 time" in bad.stderr) == (2, True)
+    dry = await run_cli("requeue", "--error", "504", "--dry-run", env=env)
+    assert json.loads(dry.stdout)["requeued"] == 2
+    done = await run_cli("requeue", "--error", "504", env=env)
+    assert json.loads(done.stdout)["requeued"] == 2
+    paused = await run_cli("pause", "OrderCompleted", "OrderCompleted", env=env)
+    assert json.loads(paused.stdout)["paused"] is True
+    health = json.loads((await run_cli("endpoints", env=env)).stdout)["endpoints"]
+    assert health == [
+        {
+            "event_type": "OrderCompleted",
+            "endpoint": "OrderCompleted",
+            "breaker": "closed",
+            "consecutive_failures": 0,
+            "paused": True,
+        }
+    ]
+    unknown = await run_cli("pause", "OrderCompleted", "nowhere", env=env)
+    assert (unknown.returncode, "'nowhere' is not configured" in unknown.stderr) == (2, True)
+    resumed = await run_cli("resume", "OrderCompleted", "OrderCompleted", env=env)
+    assert json.loads(resumed.stdout)["paused"] is False
+    recorded = await db.fetch(
+        "SELECT action, actor FROM outbox_console_actions ORDER BY created_at"
+    )
+    assert [(r["action"], r["actor"]) for r in recorded] == [
+        ("requeue", "cli"),
+        ("pause", "cli"),
+        ("resume", "cli"),
+    ]
