@@ -31,6 +31,7 @@ logger = logging.getLogger("outbox.console")
 
 KEY_PARAMETER = "code"
 ACTION_FIELDS = frozenset({"event_type", "endpoint", "action_id"})
+RESEND_FIELDS = frozenset({"message_ids", "endpoint", "action_id"})
 
 
 def page() -> tuple[int, str, dict[str, str]]:
@@ -134,9 +135,36 @@ async def on_resume(body: bytes, who: str) -> HttpResult:
     return 200, result
 
 
-def _action_body(body: bytes) -> dict[str, Any]:
+@http_endpoint("resend")
+async def on_resend(body: bytes, who: str) -> HttpResult:
+    """``POST /api/outbox/resend`` ``{"message_ids": [...], "endpoint": …, "action_id": …}``:
+    Processed messages sent again (same webhook-id), to one endpoint or to all."""
+    data = _action_body(body, RESEND_FIELDS)
+    given = data.get("message_ids")
+    if not isinstance(given, list) or not all(isinstance(i, str) for i in given):
+        raise BadRequestError("message_ids must be a non-empty list of message ids (UUIDs)")
+    try:
+        ids = [UUID(i) for i in given]
+    except ValueError:
+        raise BadRequestError(
+            "message_ids must be a non-empty list of message ids (UUIDs)"
+        ) from None
+    endpoint = data.get("endpoint")
+    if endpoint is not None and (not isinstance(endpoint, str) or not endpoint):
+        raise BadRequestError("endpoint must be an endpoint's name")
+    relay = await functions_host.relay()
+    result = await operator.resend(
+        relay.pool, ids, endpoint, _endpoints(relay), actor=who, action_id=data.get("action_id")
+    )
+    log_event(logger, logging.INFO, "outbox.resend", resent=len(result["resent"]), by=who)
+    if result["resent"] and not result["repeated"]:
+        await relay.wake_now()
+    return 200, result
+
+
+def _action_body(body: bytes, fields: frozenset[str] = ACTION_FIELDS) -> dict[str, Any]:
     data = _json_object(body)
-    unknown = sorted(set(data) - ACTION_FIELDS)
+    unknown = sorted(set(data) - fields)
     if unknown:
         raise BadRequestError(f"unknown field(s) in the body: {', '.join(unknown)}")
     action_id = data.get("action_id")

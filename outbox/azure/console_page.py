@@ -104,6 +104,10 @@ a.link { color: #1a56db; cursor: pointer; text-decoration: underline; }
   <section id="detail" class="hidden">
     <h2>Message <span id="detail-id"></span></h2>
     <table id="detail-facts"></table>
+    <form id="resend-form" class="row hidden">
+      <label>Send again to <select id="resend-endpoint"></select></label>
+      <button type="submit" id="resend-button">Resend</button>
+    </form>
     <h2>Endpoints</h2>
     <table id="detail-endpoints"></table>
     <h2>Attempts</h2>
@@ -126,6 +130,8 @@ a.link { color: #1a56db; cursor: pointer; text-decoration: underline; }
   let filter = {};
   let nextCursor = null;
   let plan = null;
+  let configured = {};
+  let shownMessage = null;
 
   function takeKeyFromAddress() {
     const fragment = new URLSearchParams(location.hash.replace(/^#/, ""));
@@ -258,6 +264,7 @@ a.link { color: #1a56db; cursor: pointer; text-decoration: underline; }
     fill($("reasons"), ["reason", "messages", "event types", ""],
       data.failure_reasons.map((r) => [r.reason, r.messages, r.event_types.join(", "),
         link("list", () => { setFilter({ status: "Failed", error: r.reason }); })]));
+    configured = data.endpoints;
     const select = $("pause-endpoint");
     const chosen = select.value;
     select.replaceChildren();
@@ -335,9 +342,20 @@ a.link { color: #1a56db; cursor: pointer; text-decoration: underline; }
       fill($("detail-endpoints"), ["endpoint", "status", "attempts", "last error"],
         m.endpoints.map((e) => [e.endpoint, e.status, e.attempts, e.last_error]));
       fill($("detail-attempts"), ["#", "endpoint", "outcome", "started", "duration ms", "HTTP",
-                                  "error"],
+                                  "error", "resend"],
         m.attempts.map((a) => [a.attempt_number, a.endpoint, a.outcome, a.started_at,
-                               a.duration_ms, a.http_status, a.error]));
+                               a.duration_ms, a.http_status, a.error,
+                               a.resend ? "resend" : ""]));
+      shownMessage = m;
+      const target = $("resend-endpoint");
+      target.replaceChildren(el("option", "every endpoint"));
+      target.firstChild.value = "";
+      (configured[m.event_type] || []).forEach((name) => {
+        const option = el("option", name);
+        option.value = name;
+        target.appendChild(option);
+      });
+      $("resend-form").className = m.status === "Processed" ? "row" : "row hidden";
       $("detail-payload").textContent = m.payload + (m.payload_truncated ? "\\n…" : "");
       $("detail").scrollIntoView();
     } catch (e) { notice(e.message, true); }
@@ -380,6 +398,20 @@ a.link { color: #1a56db; cursor: pointer; text-decoration: underline; }
     } catch (e) { notice(e.message, true); }
   }
 
+  async function resend() {
+    if (!shownMessage) return;
+    const body = { message_ids: [shownMessage.outbox_message_id],
+                   action_id: crypto.randomUUID() };
+    if ($("resend-endpoint").value) body.endpoint = $("resend-endpoint").value;
+    try {
+      const done = await call("POST", "/resend", body);
+      notice("Resent " + done.resent.length + " message(s)" +
+             (done.skipped.length ? "; not Processed, left as they are: " +
+              done.skipped.join(", ") : ""));
+      refresh();
+    } catch (e) { notice(e.message, true); }
+  }
+
   async function pauseOrResume(what) {
     const chosen = $("pause-endpoint").value;
     if (!chosen) return;
@@ -413,6 +445,7 @@ a.link { color: #1a56db; cursor: pointer; text-decoration: underline; }
     event.preventDefault(); pauseOrResume("pause");
   });
   $("resume-button").addEventListener("click", () => pauseOrResume("resume"));
+  $("resend-form").addEventListener("submit", (event) => { event.preventDefault(); resend(); });
 
   takeKeyFromAddress();
   refresh();

@@ -122,6 +122,14 @@ async def outbox_actions(req: func.HttpRequest) -> func.HttpResponse:
     return json_response(*await console.on_actions(query_pairs(req)))
 
 
+@bp.function_name(name="outbox_resend")
+@bp.route(route="outbox/resend", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+async def outbox_resend(req: func.HttpRequest) -> func.HttpResponse:
+    """POST /api/outbox/resend: Processed messages sent again, to one endpoint or to all."""
+    who = console.actor(req.headers, query_pairs(req))
+    return json_response(*await console.on_resend(req.get_body(), who))
+
+
 @bp.function_name(name="outbox_pause")
 @bp.route(route="outbox/pause", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
 async def outbox_pause(req: func.HttpRequest) -> func.HttpResponse:

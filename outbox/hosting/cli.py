@@ -73,6 +73,9 @@ def add_console_commands(commands: Any) -> None:
     listing.add_argument("--limit", help=f"rows (default {DEFAULT_PAGE_SIZE})")
     listing.add_argument("--json", action="store_true", help="one JSON object, with the cursor")
     commands.add_parser("endpoints", help="each endpoint: its breaker, whether it is paused")
+    resend = commands.add_parser("resend", help="send Processed messages again (same webhook-id)")
+    resend.add_argument("message_ids", nargs="+", type=uuid.UUID, metavar="ID")
+    resend.add_argument("--endpoint", help="to this endpoint alone (default: every endpoint)")
     for name, what in [("pause", "its deliveries wait"), ("resume", "its deliveries go again")]:
         command = commands.add_parser(name, help=f"an endpoint of an event type: {what}")
         command.add_argument("event_type")
@@ -335,6 +338,16 @@ async def run_endpoints(conn: Any, settings: Settings, args: argparse.Namespace)
     return EXIT_OK
 
 
+async def run_resend(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    result = await operator.resend(
+        conn, args.message_ids, args.endpoint, _configured(settings), actor=CLI_ACTOR
+    )
+    if result["resent"] and settings.has_queue:
+        await notify_once(settings)
+    emit(result)
+    return EXIT_OK
+
+
 async def run_pause(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
     key = operator.key_of(_configured(settings), args.event_type, args.endpoint)
     emit(await operator.pause(conn, key, actor=CLI_ACTOR))
@@ -379,6 +392,7 @@ CONNECTION_COMMANDS: dict[str, ConnectionCommand] = {
     "show": run_show,
     "list": run_list,
     "endpoints": run_endpoints,
+    "resend": run_resend,
     "pause": run_pause,
     "resume": run_resume,
 }

@@ -109,8 +109,11 @@ async def message(conn: store.Connection, message_id: UUID) -> dict[str, Any] | 
     trace = json.loads(context) if isinstance(context, str) else context
     parent = trace.get("traceparent") if isinstance(trace, dict) else None
     parts = parent.split("-") if isinstance(parent, str) else []
+    resent = await store.resend_started(conn, message_id)
     attempts = [
-        {k: v for k, v in attempt.items() if k != "lease_token"} for attempt in shown["attempts"]
+        {k: v for k, v in attempt.items() if k != "lease_token"}
+        | {"resend": resent is not None and attempt["finished_at"] >= resent}
+        for attempt in shown["attempts"]
     ]
     detail: dict[str, Any] = _jsonable(
         {
@@ -189,6 +192,41 @@ async def requeue(
 
     shown = _jsonable({k: v for k, v in asdict(wanted).items() if v not in (None, False)})
     return await act(conn, "requeue", shown, run, actor=actor, action_id=action_id)
+
+
+MAX_RESENT = 1000
+
+
+async def resend(
+    conn: store.Connection,
+    message_ids: Sequence[UUID],
+    endpoint: str | None,
+    endpoints: Endpoints,
+    *,
+    actor: str,
+    action_id: str | None = None,
+) -> dict[str, Any]:
+    """Send Processed messages again, with their own ids (the same ``webhook-id``): to
+    ``endpoint`` alone (it must be one of the message's event type), or to every endpoint.
+    A message that is not Processed is left as it is and listed under ``skipped``."""
+    if not message_ids or len(message_ids) > MAX_RESENT:
+        raise BadRequestError(f"message_ids must list 1 to {MAX_RESENT} message ids")
+
+    async def run() -> tuple[int, dict[str, Any]]:
+        resent: list[str] = []
+        skipped: list[str] = []
+        for message_id in message_ids:
+            found = await store.fetch_message(conn, message_id)
+            names = endpoints.get(found["event_type"], ()) if found else ()
+            if found is None or (endpoint is not None and endpoint not in names):
+                skipped.append(str(message_id))
+                continue
+            done = await store.resend_processed(conn, message_id, endpoint, names)
+            (resent if done else skipped).append(str(message_id))
+        return len(resent), {"resent": resent, "skipped": skipped}
+
+    shown = {"message_ids": [str(i) for i in message_ids], "endpoint": endpoint}
+    return await act(conn, "resend", shown, run, actor=actor, action_id=action_id)
 
 
 async def act(

@@ -854,3 +854,22 @@ async def show_action(conn: Connection, action_id: str) -> dict[str, Any] | None
 @database_boundary
 async def list_actions(conn: Connection, limit: int) -> list[dict[str, Any]]:
     return [dict(row) for row in await conn.fetch(QUERIES["list_actions"], limit)]
+
+
+@database_boundary
+async def resend_processed(
+    conn: Connection, message_id: UUID, endpoint: str | None, names: Sequence[str]
+) -> bool:
+    """Send Processed message ``message_id`` again (to ``endpoint`` alone, of ``names``, or to
+    all); False if it is not Processed."""
+    return (
+        await conn.fetchval(QUERIES["resend_processed"], message_id, endpoint, list(names))
+        is not None
+    )
+
+
+@database_boundary
+async def resend_started(conn: Connection, message_id: UUID) -> datetime | None:
+    """When ``message_id`` was first resent from the console, if ever."""
+    moment: datetime | None = await conn.fetchval(QUERIES["resend_started"], str(message_id))
+    return moment

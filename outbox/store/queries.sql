@@ -1107,3 +1107,32 @@ SELECT action_id, action, filter::text AS filter, affected, dry_run, actor, crea
 FROM outbox_console_actions
 ORDER BY created_at DESC, action_id
 LIMIT $1;
+
+-- resend_processed --
+-- Send Processed message $1 again, due now, with a fresh attempt budget and the same id (so the
+-- same webhook-id): to every endpoint ($2 NULL), or to endpoint $2 alone, the others of its
+-- event type ($3, every configured name) kept as Processed. History is kept. Returns the row if
+-- it was Processed (and so is sent again).
+UPDATE outbox_messages
+SET status = 'Pending',
+    next_attempt_at = now(),
+    attempt_count = 0,
+    lease_expires_at = NULL,
+    processed_at = NULL,
+    endpoint_state = CASE
+        WHEN $2::text IS NULL THEN NULL
+        ELSE (SELECT jsonb_object_agg(
+                         name,
+                         jsonb_build_object(
+                             'status', CASE WHEN name = $2::text THEN 'Pending' ELSE 'Processed' END,
+                             'attempts', 0))
+              FROM unnest($3::text[]) AS names(name))
+    END
+WHERE outbox_message_id = $1 AND status = 'Processed'
+RETURNING outbox_message_id;
+
+-- resend_started --
+-- When message $1 was first resent from the console (NULL: never), to mark its later attempts
+SELECT min(created_at) AS first_resend
+FROM outbox_console_actions
+WHERE action = 'resend' AND filter -> 'message_ids' ? $1::text;

@@ -219,3 +219,31 @@ async def test_hostile_payloads_errors_and_event_types_run_nothing(
     policy = response.headers["content-security-policy"]
     assert "script-src 'nonce-" in policy
     assert "default-src 'none'" in policy
+
+
+async def test_resend_delivers_a_processed_message_again_with_the_same_webhook_id(
+    db: Any, receiver: Receiver, console: str, console_env: dict[str, str], browser: Browser
+) -> None:
+    result = await run_cli("enqueue", "InvoicePaid", '{"invoice": 7}', env=console_env)
+    message_id = json.loads(result.stdout)["message_id"]
+    await receiver.wait_for(1, path="/invoices", timeout=60)
+    await eventually(
+        lambda: db.fetchval("SELECT count(*) = 1 FROM outbox_messages WHERE status = 'Processed'")
+    )
+    page, _ = await open_console(browser, console, KEY)
+    await search(page, status="Processed")
+    await rows(page).first.locator("a.link").click()
+    await page.select_option("#resend-endpoint", "InvoicePaid")
+    await page.click("#resend-button")
+    await expect(page.locator("#notice")).to_contain_text("Resent 1 message(s)")
+    await receiver.wait_for(2, path="/invoices", timeout=60)
+    first, again = receiver.to("/invoices")
+    assert first.webhook_id == again.webhook_id == message_id
+    await eventually(
+        lambda: db.fetchval("SELECT count(*) = 1 FROM outbox_messages WHERE status = 'Processed'")
+    )
+    await rows(page).first.locator("a.link").click()
+    attempts = page.locator("#detail-attempts tr")
+    await expect(attempts).to_have_count(3)  # a heading, the first delivery, the resend
+    await expect(attempts.nth(2)).to_contain_text("resend")
+    await expect(attempts.nth(1)).not_to_contain_text("resend")

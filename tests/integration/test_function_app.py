@@ -50,6 +50,7 @@ def test_exactly_the_contracted_functions_and_bindings(functions: dict[str, Any]
         "outbox_overview",
         "outbox_pause",
         "outbox_requeue",
+        "outbox_resend",
         "outbox_resume",
         "outbox_status",
     ]
@@ -69,7 +70,7 @@ def test_importing_and_indexing_needs_no_settings_and_connects_to_nothing() -> N
         check=False,
     )
     assert result.returncode == 0, result.stderr
-    assert "indexed 13 functions" in result.stdout
+    assert "indexed 14 functions" in result.stdout
 
 
 async def test_queue_function_drains(db: Any, receiver: Receiver, app_env: None) -> None:

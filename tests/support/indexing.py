@@ -98,6 +98,7 @@ EXPECTED |= {
     "outbox_messages": _http("outbox/messages", "GET"),
     "outbox_message": _http("outbox/messages/{message_id}", "GET"),
     "outbox_actions": _http("outbox/actions", "GET"),
+    "outbox_resend": _http("outbox/resend", "POST"),
     "outbox_pause": _http("outbox/pause", "POST"),
     "outbox_resume": _http("outbox/resume", "POST"),
 }

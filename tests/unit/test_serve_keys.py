@@ -151,7 +151,7 @@ def test_serve_hosts_the_relay_s_blueprint_or_an_app_named_module_attribute() ->
     names = {"outbox_queue", "outbox_timer", "outbox_drain", "outbox_status"}
     names |= {"outbox_requeue", "outbox_purge", "outbox_console", "outbox_overview"}
     names |= {"outbox_messages", "outbox_message", "outbox_actions", "outbox_pause"}
-    names |= {"outbox_resume"}
+    names |= {"outbox_resume", "outbox_resend"}
     assert {b.name for b in index(load_app())} == names  # by default: outbox.functions.bp
     import function_app
 
