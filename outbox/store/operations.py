@@ -39,6 +39,8 @@ class BacklogStatus:
     clock_offset_seconds: float
     # Endpoints whose circuit breaker is open: since when, the next probe, failures in a row.
     open_breakers: list[dict[str, Any]]
+    # Endpoints paused by an operator (console, `python -m outbox pause`): since when, by whom.
+    paused_endpoints: list[dict[str, Any]]
     alert_threshold_seconds: float
     healthy: bool
     problems: list[str] = field(default_factory=list)
@@ -61,6 +63,7 @@ async def backlog_status(
     sent = time.time()
     row = await store.backlog_status(conn)
     breakers = await store.open_breakers(conn)
+    paused = await store.paused_endpoints(conn)
     offset = (sent + time.time()) / 2 - row["database_now"]
     oldest = row["oldest_unpublished_age_seconds"]
     problems = []
@@ -95,6 +98,15 @@ async def backlog_status(
                 "consecutive_failures": b["consecutive_failures"],
             }
             for b in breakers
+        ],
+        paused_endpoints=[
+            {
+                "event_type": p["event_type"],
+                "endpoint": p["endpoint"],
+                "since": _iso(p["paused_at"]),
+                "by": p["paused_by"],
+            }
+            for p in paused
         ],
         alert_threshold_seconds=threshold_seconds,
         healthy=not problems,

@@ -53,7 +53,7 @@ async def overview(
         "problems": status.problems,
         "held_back": status.held_back,
         "open_breakers": status.open_breakers,
-        "paused_endpoints": [_paused(row) for row in figures["paused_endpoints"]],
+        "paused_endpoints": status.paused_endpoints,
         "held_keys": figures["held_keys"],
         "failure_reasons": figures["failure_reasons"],
         "failure_sample": FAILED_SAMPLE,
@@ -287,15 +287,6 @@ async def endpoint_health(conn: store.Connection, endpoints: Endpoints) -> list[
 
 def _key_filter(key: tuple[str, str]) -> dict[str, Any]:
     return {"event_type": key[0], "endpoint": key[1]}
-
-
-def _paused(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "event_type": row["event_type"],
-        "endpoint": row["endpoint"],
-        "since": _iso(row["paused_at"]),
-        "by": row["paused_by"],
-    }
 
 
 def _listed(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -798,16 +798,14 @@ async def _acquired(conn: Connection) -> AsyncIterator[Connection]:
 @database_boundary
 async def console_overview(conn: Connection, failed_sample: int) -> dict[str, Any]:
     """The console's figures besides the backlog's: rates per minute over the last hour, the
-    failures by reason (of the latest ``failed_sample`` Failed), held keys, paused endpoints."""
+    failures by reason (of the latest ``failed_sample`` Failed), held keys."""
     rates = await conn.fetch(QUERIES["console_rates"])
     reasons = await conn.fetch(QUERIES["console_failure_reasons"], failed_sample)
     held = await conn.fetch(QUERIES["console_held_keys"])
-    paused = await conn.fetch(QUERIES["paused_endpoints"])
     return {
         "rates": [dict(row) for row in rates],
         "failure_reasons": [dict(row) for row in reasons],
         "held_keys": [dict(row) for row in held],
-        "paused_endpoints": [dict(row) for row in paused],
     }
 
 
