@@ -8,6 +8,9 @@ front of healthy endpoints' messages. Then one relay claims the probe: one reque
 success closing the breaker and a failure opening it again for longer. Any answer that is not a
 failure (2xx, 4xx but 408/429) closes it too: the endpoint is there.
 
+An endpoint paused by an operator (``outbox_paused_endpoints``, read by each lease with the
+breakers) is refused the same way, for ``PAUSED_RETRY_SECONDS`` at a time, until it is resumed.
+
 The breakers are shared by every relay through the database. ``BreakerBook`` is what this
 process knows of them: it acts on its own observations at once (a dead endpoint must not hold its
 slots for a whole batch), learns the others' at each lease, and says what the database must hear
@@ -30,7 +33,7 @@ from typing import Protocol
 THRESHOLD = 10
 # How long a delivery to an endpoint paused by an operator waits before it is looked at again
 # (resuming makes its messages due at once, whatever this says).
-PAUSED_RETRY_SECONDS = 60.0
+PAUSED_RETRY_SECONDS = 300.0
 COOL_DOWN_SECONDS = (10.0, 300.0)  # the first cool-down, and the longest
 Key = tuple[str, str]  # (event type, endpoint name)
 SEND, PROBE = "send", "probe"

@@ -266,13 +266,16 @@ async def actions(conn: store.Connection, limit: int = ACTIONS_LISTED) -> list[d
 
 
 async def endpoint_health(conn: store.Connection, endpoints: Endpoints) -> list[dict[str, Any]]:
-    """Each configured endpoint: its breaker, whether paused (``python -m outbox endpoints``)."""
+    """Each configured endpoint: its breaker, whether paused, and over the last hour its last
+    success and failure and its failure rate (``python -m outbox endpoints``)."""
     breakers = {(b["event_type"], b["endpoint"]): b for b in await store.open_breakers(conn)}
     paused = {(p["event_type"], p["endpoint"]): p for p in await store.paused_endpoints(conn)}
+    activity = {(a["event_type"], a["endpoint"]): a for a in await store.endpoint_activity(conn)}
     shown = []
     for event_type, names in endpoints.items():
         for name in names:
             breaker = breakers.get((event_type, name))
+            seen = activity.get((event_type, name))
             shown.append(
                 {
                     "event_type": event_type,
@@ -280,6 +283,12 @@ async def endpoint_health(conn: store.Connection, endpoints: Endpoints) -> list[
                     "breaker": "open" if breaker else "closed",
                     "consecutive_failures": breaker["consecutive_failures"] if breaker else 0,
                     "paused": (event_type, name) in paused,
+                    "last_success": _iso(seen["last_success"]) if seen else None,
+                    "last_failure": _iso(seen["last_failure"]) if seen else None,
+                    "attempts_last_hour": seen["attempts"] if seen else 0,
+                    "failure_rate_last_hour": (
+                        round(seen["failures"] / seen["attempts"], 3) if seen else None
+                    ),
                 }
             )
     return shown

@@ -871,3 +871,9 @@ async def resend_started(conn: Connection, message_id: UUID) -> datetime | None:
     """When ``message_id`` was first resent from the console, if ever."""
     moment: datetime | None = await conn.fetchval(QUERIES["resend_started"], str(message_id))
     return moment
+
+
+@database_boundary
+async def endpoint_activity(conn: Connection) -> list[dict[str, Any]]:
+    """Each endpoint's attempts over the last hour: last success and failure, counts."""
+    return [dict(row) for row in await conn.fetch(QUERIES["endpoint_activity"])]

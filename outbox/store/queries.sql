@@ -1136,3 +1136,18 @@ RETURNING outbox_message_id;
 SELECT min(created_at) AS first_resend
 FROM outbox_console_actions
 WHERE action = 'resend' AND filter -> 'message_ids' ? $1::text;
+
+-- endpoint_activity --
+-- Each endpoint's attempts over the last hour (the attempt history has no index on time: for
+-- `python -m outbox endpoints`, run by hand): the last success, the last failure, how many
+-- attempts and how many failed
+SELECT m.event_type, a.endpoint,
+       max(a.finished_at) FILTER (WHERE a.outcome = 'Processed') AS last_success,
+       max(a.finished_at) FILTER (WHERE a.outcome <> 'Processed') AS last_failure,
+       count(*) AS attempts,
+       count(*) FILTER (WHERE a.outcome <> 'Processed') AS failures
+FROM outbox_attempts AS a
+JOIN outbox_messages AS m USING (outbox_message_id)
+WHERE a.finished_at >= now() - interval '1 hour'
+  AND a.endpoint IS NOT NULL
+GROUP BY m.event_type, a.endpoint;

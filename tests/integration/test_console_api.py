@@ -214,6 +214,15 @@ async def test_a_paused_endpoint_waits_spending_no_attempt_while_the_other_recei
     assert len(receiver.to("/shipping")) == 3
     assert len(receiver.to("/billing")) == 3
     assert await statuses(db) == {"Processed": 3}
+    configured = {"OrderCompleted": ["billing", "shipping"]}
+    health = {e["endpoint"]: e for e in await operator.endpoint_health(db, configured)}
+    assert (health["billing"]["attempts_last_hour"], health["shipping"]["attempts_last_hour"]) == (
+        3,
+        3,
+    )
+    assert health["billing"]["failure_rate_last_hour"] == 0.0
+    assert health["billing"]["last_success"] is not None
+    assert health["shipping"]["paused"] is False
 
 
 async def test_the_commands_list_pause_resume_endpoints_and_requeue_by_error_text(
@@ -250,6 +259,10 @@ async def test_the_commands_list_pause_resume_endpoints_and_requeue_by_error_tex
             "breaker": "closed",
             "consecutive_failures": 0,
             "paused": True,
+            "last_success": None,
+            "last_failure": None,
+            "attempts_last_hour": 0,
+            "failure_rate_last_hour": None,
         }
     ]
     unknown = await run_cli("pause", "OrderCompleted", "nowhere", env=env)
