@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 AZURITE := tools/node_modules/.bin/azurite
+# The console's browser tests drive Debian's Chromium (Playwright's own download is not used).
+CHROMIUM := /usr/bin/chromium
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: run test check bench bench-smoke clean
 
@@ -10,7 +13,7 @@ AZURITE := tools/node_modules/.bin/azurite
 run: $(VENV)/.run-deps $(AZURITE)
 	@$(BIN)/python -m outbox.local $(RUN_ARGS) || [ $$? -eq 2 ]
 
-test: $(VENV)/.dev-deps $(AZURITE)
+test: $(VENV)/.dev-deps $(AZURITE) $(CHROMIUM)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 check: $(VENV)/.dev-deps
@@ -47,6 +50,10 @@ $(VENV)/.bench-deps: bench/requirements.txt $(VENV)/.dev-deps
 $(AZURITE): tools/package.json tools/package-lock.json
 	npm ci --prefix tools --no-audit --no-fund --loglevel=error
 	touch $@
+
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium
 
 clean:
 	rm -rf $(VENV) tools/node_modules .local .pytest_cache .mypy_cache .ruff_cache

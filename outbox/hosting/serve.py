@@ -9,8 +9,9 @@ yours), indexes it as the Python worker does and calls the very same functions:
   ``<queue>-poison`` after ``maxDequeueCount`` attempts, with the values from ``host.json``;
 - each timer trigger: fires on its NCRONTAB schedule (UTC);
 - each HTTP trigger: ``/api/<route>`` on 127.0.0.1:7071 like ``func start``; auth level
-  ``FUNCTION`` needs ``OUTBOX_FUNCTION_KEY`` as ``?code=`` or an ``x-functions-key`` header;
-  every answer is JSON, an unknown route's 404 and a wrong method's 405 too.
+  ``FUNCTION`` needs ``OUTBOX_FUNCTION_KEY`` as ``?code=`` or an ``x-functions-key`` header
+  (a function that only reads, GET alone, also takes ``OUTBOX_CONSOLE_VIEW_KEY``); an unknown
+  route's 404 and a wrong method's 405 are JSON like the functions' answers.
 
 ``host.json`` is read from the working folder when there is one, else the package's own copy
 (the repository's, shipped with it); ``%OUTBOX_QUEUE_NAME%`` defaults to ``outbox-wakeup``.
@@ -299,13 +300,17 @@ def http_app(
     key: str | None,
     redact: Redactor | None = None,
     guard: Guard | None = None,
+    view_key: str | None = None,
 ) -> web.Application:
     """``/api/<route>`` for each HTTP-triggered function, with function-key checks (and the
-    connection guard's bookkeeping, when there is one)."""
+    connection guard's bookkeeping, when there is one); ``view_key`` opens the functions that
+    only read (GET alone)."""
     middlewares = [_json_errors] if guard is None else [guard.middleware, _json_errors]
     app = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
     for binding in bindings:
-        handler = _http_handler(binding, key, redact or Redactor([]))
+        reads = [m.upper() for m in binding.trigger.get("methods") or []] == ["GET"]
+        keys = (key, view_key) if reads else (key,)
+        handler = _http_handler(binding, keys, redact or Redactor([]))
         for method in binding.trigger.get("methods") or ["GET", "POST"]:
             app.router.add_route(method.upper(), f"/api/{binding.trigger['route']}", handler)
     return app
@@ -328,12 +333,12 @@ async def _json_errors(
 
 
 def _http_handler(
-    binding: Binding, key: str | None, redact: Redactor
+    binding: Binding, keys: tuple[str | None, ...], redact: Redactor
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     needs_key = binding.trigger.get("authLevel", "FUNCTION").upper() != "ANONYMOUS"
 
     async def handle(request: web.Request) -> web.Response:
-        if needs_key and not _key_matches(request, key):
+        if needs_key and not any(_key_matches(request, key) for key in keys):
             return web.json_response({"error": "a valid function key is required"}, status=401)
         body = await request.read()
         invocation = func.HttpRequest(
@@ -375,6 +380,7 @@ class ServeOptions:
     key: str | None = None
     app: str | None = None  # module:attribute; the relay's own functions by default
     max_connections: int | None = None  # by default a quarter of the descriptor limit
+    view_key: str | None = None  # opens the functions that only read (OUTBOX_CONSOLE_VIEW_KEY)
 
 
 async def start_http(
@@ -389,7 +395,7 @@ async def start_http(
         return runner.server()
 
     guard = Guard(connection, max_connections=limit)
-    app = http_app(bindings, options.key, redact, guard)
+    app = http_app(bindings, options.key, redact, guard, options.view_key)
     runner = web.AppRunner(
         app, access_log=None, shutdown_timeout=5, keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS
     )

@@ -8,6 +8,9 @@ front of healthy endpoints' messages. Then one relay claims the probe: one reque
 success closing the breaker and a failure opening it again for longer. Any answer that is not a
 failure (2xx, 4xx but 408/429) closes it too: the endpoint is there.
 
+An endpoint paused by an operator (``outbox_paused_endpoints``, read by each lease with the
+breakers) is refused the same way, for ``PAUSED_RETRY_SECONDS`` at a time, until it is resumed.
+
 The breakers are shared by every relay through the database. ``BreakerBook`` is what this
 process knows of them: it acts on its own observations at once (a dead endpoint must not hold its
 slots for a whole batch), learns the others' at each lease, and says what the database must hear
@@ -28,6 +31,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 THRESHOLD = 10
+# How long a delivery to an endpoint paused by an operator waits before it is looked at again
+# (resuming makes its messages due at once, whatever this says).
+PAUSED_RETRY_SECONDS = 300.0
 COOL_DOWN_SECONDS = (10.0, 300.0)  # the first cool-down, and the longest
 Key = tuple[str, str]  # (event type, endpoint name)
 SEND, PROBE = "send", "probe"
@@ -46,6 +52,8 @@ class Seen(Protocol):
     def reopen_in(self) -> float | None: ...
     @property
     def probing(self) -> bool: ...
+    @property
+    def paused(self) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -90,6 +98,7 @@ class BreakerBook:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._known: dict[Key, Breaker] = {}
+        self._paused: frozenset[Key] = frozenset()  # paused by an operator, as the lease read
 
     def learn(self, seen: Iterable[Seen], as_of: float) -> None:
         """What a lease sent at ``as_of`` (the book's clock) read of the database's breakers, the
@@ -97,6 +106,8 @@ class BreakerBook:
         stays."""
         now = self._clock()
         fresh: dict[Key, Breaker] = {}
+        seen = list(seen)
+        self._paused = frozenset((i.event_type, i.endpoint) for i in seen if i.paused)
         for item in seen:
             key = (item.event_type, item.endpoint)
             mine = self._known.get(key)
@@ -124,9 +135,15 @@ class BreakerBook:
         breaker = self._known.get(key)
         return breaker is not None and breaker.probing_here
 
+    def paused(self, key: Key) -> bool:
+        """Whether an operator paused ``key`` (as the last lease read it)."""
+        return key in self._paused
+
     def verdict(self, key: Key) -> str | float:
         """``SEND``; ``PROBE`` (the cool-down is over: claim the probe first); or the seconds
-        until the endpoint may be tried again."""
+        until the endpoint may be tried again (paused by an operator: until looked at again)."""
+        if key in self._paused:
+            return PAUSED_RETRY_SECONDS
         breaker = self._known.get(key)
         if breaker is None or breaker.open_until is None:
             return SEND

@@ -204,6 +204,8 @@ class Deliverer:
             delivery.probe = True
             return None
         wait = delivery.timeout if isinstance(verdict, str) else verdict
+        if self._book.paused(delivery.key):
+            return NotAttempted("endpoint paused", retry_in=wait)
         return NotAttempted("endpoint's circuit breaker open", retry_in=wait)
 
     def _stop_waiting(self, delivery: Delivery) -> None:

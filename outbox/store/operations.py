@@ -39,6 +39,8 @@ class BacklogStatus:
     clock_offset_seconds: float
     # Endpoints whose circuit breaker is open: since when, the next probe, failures in a row.
     open_breakers: list[dict[str, Any]]
+    # Endpoints paused by an operator (console, `python -m outbox pause`): since when, by whom.
+    paused_endpoints: list[dict[str, Any]]
     alert_threshold_seconds: float
     healthy: bool
     problems: list[str] = field(default_factory=list)
@@ -61,6 +63,7 @@ async def backlog_status(
     sent = time.time()
     row = await store.backlog_status(conn)
     breakers = await store.open_breakers(conn)
+    paused = await store.paused_endpoints(conn)
     offset = (sent + time.time()) / 2 - row["database_now"]
     oldest = row["oldest_unpublished_age_seconds"]
     problems = []
@@ -96,6 +99,15 @@ async def backlog_status(
             }
             for b in breakers
         ],
+        paused_endpoints=[
+            {
+                "event_type": p["event_type"],
+                "endpoint": p["endpoint"],
+                "since": _iso(p["paused_at"]),
+                "by": p["paused_by"],
+            }
+            for p in paused
+        ],
         alert_threshold_seconds=threshold_seconds,
         healthy=not problems,
         problems=problems,
@@ -107,6 +119,7 @@ class RequeueReport:
     requeued: int
     dry_run: bool
     message_ids: list[str]  # at most MAX_LISTED_IDS of them
+    endpoints: list[str] | None = None  # a dry run's: where they would be sent again
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -127,8 +140,9 @@ async def requeue(conn: store.Connection, wanted: RequeueFilter, *, dry_run: boo
         dry_run=dry_run,
         listed=MAX_LISTED_IDS,
         endpoint=wanted.endpoint,
+        error=wanted.error,
     )
-    return RequeueReport(found.total, dry_run, [str(i) for i in found.first_ids])
+    return RequeueReport(found.total, dry_run, [str(i) for i in found.first_ids], found.endpoints)
 
 
 @dataclass(slots=True)

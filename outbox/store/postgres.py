@@ -480,6 +480,7 @@ class Requeued(NamedTuple):
 
     total: int
     first_ids: list[UUID]
+    endpoints: list[str] | None = None  # a dry run's: the endpoints it would send to again
 
 
 @database_boundary
@@ -494,9 +495,11 @@ async def requeue_failed(
     listed: int,
     endpoint: str | None = None,
     batch_size: int = 1000,
+    error: str | None = None,
 ) -> Requeued:
     """Failed rows matching every given filter, set back to Pending unless ``dry_run``, for
-    their failed endpoints (``endpoint``: only the rows it failed, and only for it).
+    their failed endpoints (``endpoint``: only the rows it failed, and only for it; ``error``:
+    only those whose last_error holds that text).
 
         In batches of ``batch_size`` rows, each its own short transaction, so that neither the
         database nor this process holds all of them at once; ``listed`` ids are kept.
@@ -504,12 +507,14 @@ async def requeue_failed(
     ids = list(message_ids) if message_ids is not None else None
     filters = (ids, event_type, created_from, created_to)
     if dry_run:
-        row = await conn.fetchrow(QUERIES["count_failed"], *filters, listed, endpoint)
-        return Requeued(row["total"], list(row["first_ids"]))
+        row = await conn.fetchrow(QUERIES["count_failed"], *filters, listed, endpoint, error)
+        return Requeued(row["total"], list(row["first_ids"]), list(row["endpoints"]))
     total, first = 0, list[UUID]()
     after: tuple[datetime | None, UUID | None] = (None, None)
     while True:
-        rows = await conn.fetch(QUERIES["requeue_failed"], *filters, *after, batch_size, endpoint)
+        rows = await conn.fetch(
+            QUERIES["requeue_failed"], *filters, *after, batch_size, endpoint, error
+        )
         total += len(rows)
         first += [row["outbox_message_id"] for row in rows[: listed - len(first)]]
         if len(rows) < batch_size:
@@ -674,6 +679,7 @@ class BreakerSeen(NamedTuple):
     failures: int
     reopen_in: float | None  # seconds until it reopens (negative: it may be probed; None: closed)
     probing: bool
+    paused: bool = False  # paused by an operator: its deliveries wait until it is resumed
 
 
 def troubled_endpoints(text: str | None) -> list[BreakerSeen]:
@@ -681,7 +687,14 @@ def troubled_endpoints(text: str | None) -> list[BreakerSeen]:
     if not text:
         return []
     return [
-        BreakerSeen(e["event_type"], e["endpoint"], e["failures"], e["reopen_in"], e["probing"])
+        BreakerSeen(
+            e["event_type"],
+            e["endpoint"],
+            e["failures"],
+            e["reopen_in"],
+            e["probing"],
+            bool(e.get("paused")),
+        )
         for e in json.loads(text)
     ]
 
@@ -819,3 +832,140 @@ class PostgresStore:
 
     def claim_probe(self, key: tuple[str, str], seconds: float) -> Coroutine[Any, Any, bool]:
         return claim_probe(self.pool, key, seconds)
+
+
+class MessageFilter(NamedTuple):
+    """The console's message filters, each applied when not None (``endpoint_of``: the event
+    types that have the endpoint ``endpoint``)."""
+
+    status: str | None = None
+    event_type: str | None = None
+    endpoint: str | None = None
+    endpoint_of: Sequence[str] | None = None
+    ordering_key: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+    error: str | None = None
+
+
+@database_boundary
+async def console_messages(
+    conn: Connection,
+    wanted: MessageFilter,
+    after: tuple[datetime, UUID] | None,
+    limit: int,
+    *,
+    timeout_ms: int,
+) -> list[dict[str, Any]]:
+    """One page of messages matching ``wanted``, newest first, after the row ``after``; a scan
+    that would take longer than ``timeout_ms`` is cancelled (``QueryCanceledError``)."""
+    async with _acquired(conn) as connection, connection.transaction():
+        await connection.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
+        rows = await connection.fetch(
+            QUERIES["console_messages"],
+            wanted.status,
+            wanted.event_type,
+            list(wanted.endpoint_of) if wanted.endpoint_of is not None else None,
+            wanted.endpoint,
+            wanted.ordering_key,
+            wanted.created_from,
+            wanted.created_to,
+            wanted.error,
+            *(after or (None, None)),
+            limit,
+        )
+    return [dict(row) for row in rows]
+
+
+@asynccontextmanager
+async def _acquired(conn: Connection) -> AsyncIterator[Connection]:
+    """A connection of the pool ``conn`` (or ``conn`` itself, a connection)."""
+    if isinstance(conn, asyncpg.Pool):
+        async with conn.acquire() as connection:
+            yield connection
+    else:
+        yield conn
+
+
+@database_boundary
+async def console_overview(conn: Connection, failed_sample: int) -> dict[str, Any]:
+    """The console's figures besides the backlog's: rates per minute over the last hour, the
+    failures by reason (of the latest ``failed_sample`` Failed), held keys."""
+    rates = await conn.fetch(QUERIES["console_rates"])
+    reasons = await conn.fetch(QUERIES["console_failure_reasons"], failed_sample)
+    held = await conn.fetch(QUERIES["console_held_keys"])
+    return {
+        "rates": [dict(row) for row in rates],
+        "failure_reasons": [dict(row) for row in reasons],
+        "held_keys": [dict(row) for row in held],
+    }
+
+
+@database_boundary
+async def paused_endpoints(conn: Connection) -> list[dict[str, Any]]:
+    return [dict(row) for row in await conn.fetch(QUERIES["paused_endpoints"])]
+
+
+@database_boundary
+async def pause_endpoint(conn: Connection, key: tuple[str, str], actor: str) -> bool:
+    """Pause endpoint ``key`` (event type, name); False if it was paused already."""
+    return bool(await conn.fetchval(QUERIES["pause_endpoint"], *key, actor))
+
+
+@database_boundary
+async def resume_endpoint(conn: Connection, key: tuple[str, str]) -> tuple[bool, int]:
+    """Resume endpoint ``key``: whether it was paused, and how many messages are due now."""
+    row = await conn.fetchrow(QUERIES["resume_endpoint"], *key)
+    return bool(row["resumed"]), int(row["due"])
+
+
+@database_boundary
+async def claim_action(
+    conn: Connection, action_id: str, action: str, filter_json: str, *, dry_run: bool, actor: str
+) -> bool:
+    """Record an action before it is done; False when an action of that id was recorded."""
+    row = await conn.fetchrow(
+        QUERIES["claim_action"], action_id, action, filter_json, dry_run, actor
+    )
+    return row is not None
+
+
+@database_boundary
+async def finish_action(conn: Connection, action_id: str, affected: int, result: str) -> None:
+    await conn.execute(QUERIES["finish_action"], action_id, affected, result)
+
+
+@database_boundary
+async def show_action(conn: Connection, action_id: str) -> dict[str, Any] | None:
+    row = await conn.fetchrow(QUERIES["show_action"], action_id)
+    return dict(row) if row is not None else None
+
+
+@database_boundary
+async def list_actions(conn: Connection, limit: int) -> list[dict[str, Any]]:
+    return [dict(row) for row in await conn.fetch(QUERIES["list_actions"], limit)]
+
+
+@database_boundary
+async def resend_processed(
+    conn: Connection, message_id: UUID, endpoint: str | None, names: Sequence[str]
+) -> bool:
+    """Send Processed message ``message_id`` again (to ``endpoint`` alone, of ``names``, or to
+    all); False if it is not Processed."""
+    return (
+        await conn.fetchval(QUERIES["resend_processed"], message_id, endpoint, list(names))
+        is not None
+    )
+
+
+@database_boundary
+async def resend_started(conn: Connection, message_id: UUID) -> datetime | None:
+    """When ``message_id`` was first resent from the console, if ever."""
+    moment: datetime | None = await conn.fetchval(QUERIES["resend_started"], str(message_id))
+    return moment
+
+
+@database_boundary
+async def endpoint_activity(conn: Connection) -> list[dict[str, Any]]:
+    """Each endpoint's attempts over the last hour: last success and failure, counts."""
+    return [dict(row) for row in await conn.fetch(QUERIES["endpoint_activity"])]

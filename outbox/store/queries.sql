@@ -306,14 +306,17 @@ leased AS (
               m.endpoint_state::text AS endpoint_state, m.trace_context::text AS trace_context
 ),
 troubled AS (
-    -- The endpoints whose breaker counts failures or is open, for every relay to act on.
+    -- The endpoints whose breaker counts failures or is open, and those paused by hand, for
+    -- every relay to act on.
     SELECT json_agg(json_build_object(
                'event_type', event_type, 'endpoint', endpoint,
-               'failures', consecutive_failures, 'opens', opens,
-               'reopen_in', extract(epoch FROM reopen_at - now()),
-               'probing', COALESCE(probe_until > now(), false)))::text AS endpoints
-    FROM outbox_endpoints
-    WHERE consecutive_failures > 0 OR reopen_at IS NOT NULL
+               'failures', COALESCE(e.consecutive_failures, 0), 'opens', COALESCE(e.opens, 0),
+               'reopen_in', extract(epoch FROM e.reopen_at - now()),
+               'probing', COALESCE(e.probe_until > now(), false),
+               'paused', p.paused_at IS NOT NULL))::text AS endpoints
+    FROM (SELECT * FROM outbox_endpoints
+          WHERE consecutive_failures > 0 OR reopen_at IS NOT NULL) AS e
+    FULL JOIN outbox_paused_endpoints AS p USING (event_type, endpoint)
 )
 -- The payload is turned into text once per row (RETURNING cannot share an expression). The
 -- leased rows, then the count of parked ones; the clock and the breakers are read once.
@@ -675,7 +678,7 @@ SELECT
 -- Put one batch of Failed rows back to Pending, due now, with a fresh attempt budget; history
 -- is kept. Each filter applies when it is not NULL: $1 ids, $2 event type, $3/$4 created_at range
 -- [from, to), $8 an endpoint (its failures only; a row that keeps no endpoint state failed at
--- its single endpoint, named after its event type). Batches go in (created_at, id) order: $5/$6 the
+-- its single endpoint, named after its event type), $9 text in last_error. Batches go in (created_at, id) order: $5/$6 the
 -- last row of the batch before (NULL for the first), $7 the batch size; each starts where the
 -- last one ended in outbox_messages_failed_order_idx, whatever number of rows share a created_at
 -- (the condition holds for the first batch too, so it is always the index's bound). Only
@@ -691,6 +694,7 @@ WITH batch AS (
       AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
       AND ($8::text IS NULL OR endpoint_state -> $8::text ->> 'status' = 'Failed'
            OR (endpoint_state IS NULL AND event_type = $8::text))
+      AND ($9::text IS NULL OR strpos(lower(last_error), lower($9::text)) > 0)
       AND (created_at, outbox_message_id)
           > (COALESCE($5::timestamptz, '-infinity'),
              COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
@@ -717,10 +721,11 @@ WHERE m.outbox_message_id = ANY (ARRAY(SELECT outbox_message_id FROM batch))
 RETURNING m.outbox_message_id, m.created_at;
 
 -- count_failed --
--- What requeue_failed would touch, without touching it (the dry run): how many, and the first
--- $5 of their ids; $1…$4 as in requeue_failed, $6 its $8
+-- What requeue_failed would touch, without touching it (the dry run): how many, the first
+-- $5 of their ids, and the endpoints it would send them to again (a row without endpoint state
+-- names its event type); $1…$4 as in requeue_failed, $6 its $8, $7 its $9
 WITH matching AS (
-    SELECT outbox_message_id, created_at
+    SELECT outbox_message_id, created_at, event_type, endpoint_state
     FROM outbox_messages
     WHERE status = 'Failed'
       AND ($1::uuid[] IS NULL OR outbox_message_id = ANY ($1::uuid[]))
@@ -729,10 +734,17 @@ WITH matching AS (
       AND ($4::timestamptz IS NULL OR created_at < $4::timestamptz)
       AND ($6::text IS NULL OR endpoint_state -> $6::text ->> 'status' = 'Failed'
            OR (endpoint_state IS NULL AND event_type = $6::text))
+      AND ($7::text IS NULL OR strpos(lower(last_error), lower($7::text)) > 0)
 )
 SELECT (SELECT count(*) FROM matching) AS total,
        ARRAY(SELECT outbox_message_id FROM matching
-             ORDER BY created_at, outbox_message_id LIMIT $5) AS first_ids;
+             ORDER BY created_at, outbox_message_id LIMIT $5) AS first_ids,
+       ARRAY(SELECT DISTINCT COALESCE(e.name, m.event_type)
+             FROM matching AS m
+             LEFT JOIN LATERAL jsonb_each(m.endpoint_state) AS e(name, state) ON true
+             WHERE ($6::text IS NULL OR COALESCE(e.name, m.event_type) = $6::text)
+               AND (e.name IS NULL OR e.state ->> 'status' = 'Failed')
+             ORDER BY 1) AS endpoints;
 
 -- purge_processed --
 -- Delete one bounded batch of Processed rows finished more than $1 days ago ($2 rows at most);
@@ -959,3 +971,183 @@ SELECT event_type, endpoint, consecutive_failures, opens, opened_at, reopen_at,
 FROM outbox_endpoints
 WHERE reopen_at IS NOT NULL
 ORDER BY event_type, endpoint;
+
+-- console_messages --
+-- One page of the console's message list, newest first, keyset-paged on (created_at, id): each
+-- filter applies when not NULL: $1 status, $2 event type, $3/$4 an endpoint (the event types
+-- that have it, $3, and its name, $4: a row without endpoint state is where its status says at
+-- every endpoint), $5 ordering key, $6/$7 created_at range [from, to), $8 text in last_error,
+-- $9/$10 the last row of the page before; $11 rows. A Failed filter reads
+-- outbox_messages_failed_order_idx backwards; the caller bounds the rest with a statement timeout.
+SELECT outbox_message_id, event_type, status, attempt_count, created_at, next_attempt_at,
+       processed_at, ordering_key, left(last_error, 300) AS last_error
+FROM outbox_messages
+WHERE ($1::text IS NULL OR status = $1::text)
+  AND ($2::text IS NULL OR event_type = $2::text)
+  AND ($3::text[] IS NULL
+       OR (event_type = ANY ($3::text[]) AND (endpoint_state IS NULL OR endpoint_state ? $4::text)))
+  AND ($5::text IS NULL OR ordering_key = $5::text)
+  AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
+  AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
+  AND ($8::text IS NULL OR strpos(lower(last_error), lower($8::text)) > 0)
+  AND ($9::timestamptz IS NULL
+       OR (created_at, outbox_message_id) < ($9::timestamptz, $10::uuid))
+ORDER BY created_at DESC, outbox_message_id DESC
+LIMIT $11;
+
+-- console_rates --
+-- Deliveries and failed attempts per minute over the last hour, from the attempt history
+-- (60 rows, oldest first; minutes without attempts count 0)
+WITH minutes AS (
+    SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes',
+                           date_trunc('minute', now()), interval '1 minute') AS minute
+),
+counted AS (
+    SELECT date_trunc('minute', finished_at) AS minute,
+           count(*) FILTER (WHERE outcome = 'Processed') AS delivered,
+           count(*) FILTER (WHERE outcome <> 'Processed') AS failed
+    FROM outbox_attempts
+    WHERE finished_at >= date_trunc('minute', now()) - interval '59 minutes'
+    GROUP BY 1
+)
+SELECT m.minute, COALESCE(c.delivered, 0) AS delivered, COALESCE(c.failed, 0) AS failed
+FROM minutes AS m
+LEFT JOIN counted AS c USING (minute)
+ORDER BY m.minute;
+
+-- console_failure_reasons --
+-- The latest $1 Failed messages (outbox_messages_failed_order_idx) grouped by the head of their
+-- last_error ("HTTP 503", "no endpoint configured for event type 'X'", "gave up after 3
+-- attempts: HTTP 500"): each reason with its count and one message's id, most frequent first
+WITH latest AS (
+    SELECT outbox_message_id, event_type,
+           btrim(regexp_replace(left(COALESCE(last_error, '(no error recorded)'), 200),
+                                '^((gave up after [0-9]+ attempts: )?[^:(]*).*$', '\1')) AS reason
+    FROM outbox_messages
+    WHERE status = 'Failed'
+    ORDER BY created_at DESC, outbox_message_id DESC
+    LIMIT $1
+)
+SELECT reason, count(*) AS messages, array_agg(DISTINCT event_type) AS event_types
+FROM latest
+GROUP BY reason
+ORDER BY count(*) DESC, reason
+LIMIT 20;
+
+-- console_held_keys --
+-- Ordering keys with messages parked behind an earlier one (next_attempt_at = 'infinity', read
+-- from outbox_messages_due_idx), the most held first, at most 20
+SELECT ordering_key, count(*) AS held
+FROM outbox_messages
+WHERE status IN ('Pending', 'Processing')
+  AND next_attempt_at = 'infinity'
+  AND ordering_key IS NOT NULL
+GROUP BY ordering_key
+ORDER BY count(*) DESC, ordering_key
+LIMIT 20;
+
+-- paused_endpoints --
+-- The endpoints paused by hand, for status and the console
+SELECT event_type, endpoint, paused_at, paused_by
+FROM outbox_paused_endpoints
+ORDER BY event_type, endpoint;
+
+-- pause_endpoint --
+-- Pause endpoint ($1 event type, $2 name) for every relay, by key $3; true if it was not paused
+INSERT INTO outbox_paused_endpoints (event_type, endpoint, paused_by)
+VALUES ($1, $2, $3)
+ON CONFLICT (event_type, endpoint) DO NOTHING
+RETURNING true AS paused;
+
+-- resume_endpoint --
+-- Resume endpoint ($1, $2): its row goes, and its messages deferred while it was paused
+-- (Pending, backing off, not parked behind a key, the endpoint's own delivery still to make)
+-- are due now. Returns whether it was paused and how many messages were made due.
+WITH resumed AS (
+    DELETE FROM outbox_paused_endpoints
+    WHERE event_type = $1 AND endpoint = $2
+    RETURNING event_type
+),
+due AS (
+    UPDATE outbox_messages AS m
+    SET next_attempt_at = now()
+    FROM resumed
+    WHERE m.event_type = resumed.event_type
+      AND m.status = 'Pending'
+      AND m.next_attempt_at > now()
+      AND m.next_attempt_at < 'infinity'
+      AND COALESCE(m.endpoint_state -> $2::text ->> 'status', 'Pending') = 'Pending'
+    RETURNING m.outbox_message_id
+)
+SELECT (SELECT count(*) FROM resumed) > 0 AS resumed, (SELECT count(*) FROM due) AS due;
+
+-- claim_action --
+-- Record action $1 (its client-chosen id) before doing it: $2 what, $3 its filter, $4 whether a
+-- dry run, $5 the key's identity. A row back: this one does it; none: it was taken already.
+INSERT INTO outbox_console_actions (action_id, action, filter, dry_run, actor)
+VALUES ($1, $2, $3::jsonb, $4, $5)
+ON CONFLICT (action_id) DO NOTHING
+RETURNING created_at;
+
+-- finish_action --
+-- Action $1 done: how many rows it touched ($2) and its result ($3)
+UPDATE outbox_console_actions SET affected = $2, result = $3::jsonb WHERE action_id = $1;
+
+-- show_action --
+-- One recorded action
+SELECT action_id, action, filter::text AS filter, affected, dry_run, actor, created_at,
+       result::text AS result
+FROM outbox_console_actions
+WHERE action_id = $1;
+
+-- list_actions --
+-- The latest $1 recorded actions, newest first
+SELECT action_id, action, filter::text AS filter, affected, dry_run, actor, created_at,
+       result::text AS result
+FROM outbox_console_actions
+ORDER BY created_at DESC, action_id
+LIMIT $1;
+
+-- resend_processed --
+-- Send Processed message $1 again, due now, with a fresh attempt budget and the same id (so the
+-- same webhook-id): to every endpoint ($2 NULL), or to endpoint $2 alone, the others of its
+-- event type ($3, every configured name) kept as Processed. History is kept. Returns the row if
+-- it was Processed (and so is sent again).
+UPDATE outbox_messages
+SET status = 'Pending',
+    next_attempt_at = now(),
+    attempt_count = 0,
+    lease_expires_at = NULL,
+    processed_at = NULL,
+    endpoint_state = CASE
+        WHEN $2::text IS NULL THEN NULL
+        ELSE (SELECT jsonb_object_agg(
+                         name,
+                         jsonb_build_object(
+                             'status', CASE WHEN name = $2::text THEN 'Pending' ELSE 'Processed' END,
+                             'attempts', 0))
+              FROM unnest($3::text[]) AS names(name))
+    END
+WHERE outbox_message_id = $1 AND status = 'Processed'
+RETURNING outbox_message_id;
+
+-- resend_started --
+-- When message $1 was first resent from the console (NULL: never), to mark its later attempts
+SELECT min(created_at) AS first_resend
+FROM outbox_console_actions
+WHERE action = 'resend' AND filter -> 'message_ids' ? $1::text;
+
+-- endpoint_activity --
+-- Each endpoint's attempts over the last hour (the attempt history has no index on time: for
+-- `python -m outbox endpoints`, run by hand): the last success, the last failure, how many
+-- attempts and how many failed
+SELECT m.event_type, a.endpoint,
+       max(a.finished_at) FILTER (WHERE a.outcome = 'Processed') AS last_success,
+       max(a.finished_at) FILTER (WHERE a.outcome <> 'Processed') AS last_failure,
+       count(*) AS attempts,
+       count(*) FILTER (WHERE a.outcome <> 'Processed') AS failures
+FROM outbox_attempts AS a
+JOIN outbox_messages AS m USING (outbox_message_id)
+WHERE a.finished_at >= now() - interval '1 hour'
+  AND a.endpoint IS NOT NULL
+GROUP BY m.event_type, a.endpoint;

@@ -37,7 +37,7 @@ async def test_run_command_delivers_an_enqueued_event_and_stops_everything(tmp_p
     env = {"OUTBOX_LOCAL_DIR": str(tmp_path)}  # no database, queue or webhooks configured
     run = await Child.start("outbox.local", "--in-process", "--port", str(port), env=env)
     try:
-        await run.wait_for_line(r"serving 6 functions", timeout=120)
+        await run.wait_for_line(r"serving 14 functions", timeout=120)
         assert "embedded PostgreSQL" in run.output
         assert "demo receiver for OrderCompleted" in run.output
         assert (tmp_path / "run.env").exists()
@@ -190,7 +190,7 @@ async def test_ctrl_c_during_a_burst_reports_what_it_gave_back_in_one_line(
     }
     run = await Child.start("outbox.local", "--in-process", "--port", str(port), env=env)
     try:
-        await run.wait_for_line(r"serving 6 functions", timeout=120)
+        await run.wait_for_line(r"serving 14 functions", timeout=120)
         await run_cli("enqueue", "OrderCompleted", '{"burst": 0}', env=env)
         url = run_env_url(tmp_path)
         conn = await asyncpg.connect(url)

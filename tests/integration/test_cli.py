@@ -205,7 +205,7 @@ async def test_requeue_errors_name_the_command_s_flags(db: Any, database_url: st
     both = await run_cli("requeue", "--event-type", "X", "--all-failed", env=env)
     assert both.returncode == 2
     assert (
-        "say which Failed messages to requeue: --id, --event-type, --endpoint and/or "
+        "say which Failed messages to requeue: --id, --event-type, --endpoint, --error and/or "
         "--created-from/--created-to, or --all-failed (but not both)" in both.stderr
     )
 

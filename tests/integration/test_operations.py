@@ -37,6 +37,7 @@ async def test_status_of_an_empty_outbox_is_healthy(db: Any) -> None:
         "expired_leases": 0,
         "held_back": 0,
         "open_breakers": [],
+        "paused_endpoints": [],
         "alert_threshold_seconds": 900,
         "healthy": True,
         "problems": [],

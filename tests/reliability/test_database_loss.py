@@ -392,6 +392,30 @@ def _http_requests() -> dict[str, tuple[Any, func.HttpRequest]]:
                 method="POST", url="/api/outbox/requeue", headers={}, body=b'{"all_failed": true}'
             ),
         ),
+        # The operator's console: its read functions and an action.
+        "overview": (
+            relay_functions.outbox_overview,
+            func.HttpRequest(method="GET", url="/api/outbox/overview", headers={}, body=b""),
+        ),
+        "messages": (
+            relay_functions.outbox_messages,
+            func.HttpRequest(
+                method="GET", url="/api/outbox/messages?status=Failed", headers={}, body=b""
+            ),
+        ),
+        "actions": (
+            relay_functions.outbox_actions,
+            func.HttpRequest(method="GET", url="/api/outbox/actions", headers={}, body=b""),
+        ),
+        "resume": (
+            relay_functions.outbox_resume,
+            func.HttpRequest(
+                method="POST",
+                url="/api/outbox/resume",
+                headers={},
+                body=b'{"event_type": "OrderCompleted", "endpoint": "OrderCompleted"}',
+            ),
+        ),
     }
 
 

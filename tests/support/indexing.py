@@ -77,6 +77,33 @@ EXPECTED: dict[str, list[dict[str, Any]]] = {
 }
 
 
+def _http(route: str, method: str, auth: str = "FUNCTION") -> list[dict[str, Any]]:
+    return [
+        {
+            "direction": "IN",
+            "type": "httpTrigger",
+            "name": "req",
+            "methods": [method],
+            "authLevel": auth,
+            "route": route,
+        },
+        {"direction": "OUT", "type": "http", "name": "$return"},
+    ]
+
+
+# The operator's console: its page (no data, no key), its read and its acting functions.
+EXPECTED |= {
+    "outbox_console": _http("outbox/console", "GET", "ANONYMOUS"),
+    "outbox_overview": _http("outbox/overview", "GET"),
+    "outbox_messages": _http("outbox/messages", "GET"),
+    "outbox_message": _http("outbox/messages/{message_id}", "GET"),
+    "outbox_actions": _http("outbox/actions", "GET"),
+    "outbox_resend": _http("outbox/resend", "POST"),
+    "outbox_pause": _http("outbox/pause", "POST"),
+    "outbox_resume": _http("outbox/resume", "POST"),
+}
+
+
 def index() -> dict[str, Any]:
     """``{function name: function}`` from one ``app.get_functions()`` call, as the worker makes."""
     import function_app

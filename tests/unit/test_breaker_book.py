@@ -11,6 +11,7 @@ import pytest
 
 from outbox.relay.breakers import (
     COOL_DOWN_SECONDS,
+    PAUSED_RETRY_SECONDS,
     PROBE,
     SEND,
     THRESHOLD,
@@ -39,6 +40,7 @@ class Seen:
     failures: int
     reopen_in: float | None
     probing: bool = False
+    paused: bool = False
 
 
 @pytest.fixture
@@ -172,4 +174,17 @@ def test_an_abandoned_write_no_longer_keeps_the_lease_out(book: BreakerBook, clo
     book.abandoned(count)
     clock.now += 1.0
     book.learn([Seen(*KEY, failures=0, reopen_in=None)], as_of=clock.now)
+    assert book.verdict(KEY) == SEND
+
+
+def test_a_paused_endpoint_waits_without_sending_until_a_lease_reads_it_resumed(
+    book: BreakerBook,
+) -> None:
+    other = ("OrderCompleted", "audit")
+    book.learn([Seen(*KEY, failures=0, reopen_in=None, paused=True)], as_of=0.0)
+    assert book.paused(KEY)
+    assert book.verdict(KEY) == PAUSED_RETRY_SECONDS
+    assert book.verdict(other) == SEND
+    book.learn([], as_of=1.0)
+    assert not book.paused(KEY)
     assert book.verdict(KEY) == SEND

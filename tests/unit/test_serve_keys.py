@@ -149,7 +149,9 @@ def test_serve_hosts_the_relay_s_blueprint_or_an_app_named_module_attribute() ->
     from outbox.hosting.serve import index, load_app
 
     names = {"outbox_queue", "outbox_timer", "outbox_drain", "outbox_status"}
-    names |= {"outbox_requeue", "outbox_purge"}
+    names |= {"outbox_requeue", "outbox_purge", "outbox_console", "outbox_overview"}
+    names |= {"outbox_messages", "outbox_message", "outbox_actions", "outbox_pause"}
+    names |= {"outbox_resume", "outbox_resend"}
     assert {b.name for b in index(load_app())} == names  # by default: outbox.functions.bp
     import function_app
 
@@ -179,3 +181,19 @@ async def test_a_route_or_method_nobody_serves_is_answered_in_json() -> None:
         assert await wrong.json() == {
             "error": "DELETE is not allowed on /api/outbox/status; use GET"
         }
+
+
+async def test_the_view_key_opens_the_functions_that_only_read_and_no_other() -> None:
+    view = "serve-unit-view-key-0123456789"
+    reads = Binding("overview", {"route": "outbox/overview", "methods": ["GET"]}, ok)
+    acts = Binding("pause", {"route": "outbox/pause", "methods": ["POST"]}, ok)
+    app = http_app([reads, acts], KEY, view_key=view)
+    async with test_utils.TestServer(app) as server, test_utils.TestClient(server) as client:
+        answers = []
+        for method, route in [("GET", "overview"), ("POST", "pause")]:
+            for key in (view, KEY, "wrong-key-0123456789"):
+                response = await client.request(
+                    method, f"/api/outbox/{route}", headers={"x-functions-key": key}
+                )
+                answers.append(response.status)
+    assert answers == [200, 200, 401, 401, 200, 401]

@@ -1,0 +1,138 @@
+"""What the console's read routes and the ``list`` command are asked for, validated in one place.
+
+A query string's values are all text; each is checked here and a bad one is a
+``BadRequestError`` that names the parameter (in the front end's words: ``status`` for the
+HTTP API, ``--status`` for the command).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from uuid import UUID
+
+from outbox.core.errors import BadRequestError
+from outbox.core.models import Status
+
+DEFAULT_PAGE_SIZE = 50
+MAX_PAGE_SIZE = 200
+MAX_TEXT_CHARS = 200
+
+# The HTTP parameters, and the command's flags for the same.
+MESSAGE_PARAMETERS = (
+    "status",
+    "event_type",
+    "endpoint",
+    "ordering_key",
+    "created_from",
+    "created_to",
+    "error",
+    "after",
+    "limit",
+)
+MESSAGE_FLAGS: Mapping[str, str] = {
+    name: "--" + name.replace("_", "-") for name in MESSAGE_PARAMETERS
+}
+PARAMETER_NAMES: Mapping[str, str] = {name: name for name in MESSAGE_PARAMETERS}
+
+
+@dataclass(frozen=True, slots=True)
+class MessageQuery:
+    """One page of messages: every filter given must match; ``after`` continues a list."""
+
+    status: str | None = None
+    event_type: str | None = None
+    endpoint: str | None = None
+    ordering_key: str | None = None
+    created_from: datetime | None = None
+    created_to: datetime | None = None
+    error: str | None = None
+    after: tuple[datetime, UUID] | None = None
+    limit: int = DEFAULT_PAGE_SIZE
+
+
+def parse_message_query(
+    given: Mapping[str, str | None], names: Mapping[str, str] = PARAMETER_NAMES
+) -> MessageQuery:
+    """``given`` (parameter → text, None or "" when absent) as a ``MessageQuery``."""
+    values = {name: value for name, value in given.items() if value not in (None, "")}
+    unknown = sorted(set(values) - set(MESSAGE_PARAMETERS))
+    if unknown:
+        raise BadRequestError(f"unknown parameter(s): {', '.join(unknown)}")
+    texts = {name: _text(names[name], values.get(name)) for name in MESSAGE_PARAMETERS}
+    status = texts["status"]
+    if status is not None and status not in {str(s) for s in Status}:
+        allowed = ", ".join(str(s) for s in Status)
+        raise BadRequestError(f"{names['status']} must be one of {allowed}")
+    created_from = _time(names["created_from"], texts["created_from"])
+    created_to = _time(names["created_to"], texts["created_to"])
+    if created_from and created_to and created_from >= created_to:
+        raise BadRequestError(f"{names['created_from']} must be earlier than {names['created_to']}")
+    return MessageQuery(
+        status=status,
+        event_type=texts["event_type"],
+        endpoint=texts["endpoint"],
+        ordering_key=texts["ordering_key"],
+        created_from=created_from,
+        created_to=created_to,
+        error=texts["error"],
+        after=_cursor(names["after"], texts["after"]),
+        limit=_limit(names["limit"], texts["limit"]),
+    )
+
+
+def cursor(created_at: datetime, message_id: UUID) -> str:
+    """The ``after`` of the page that follows a row (in UTC, ``Z``: nothing to escape in a URL)."""
+    moment = created_at.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    return f"{moment}_{message_id}"
+
+
+def _text(name: str, value: str | None) -> str | None:
+    if value is None:
+        return None
+    if len(value) > MAX_TEXT_CHARS:
+        raise BadRequestError(f"{name} is longer than {MAX_TEXT_CHARS} characters")
+    if "\x00" in value:
+        raise BadRequestError(f"{name} contains a NUL character")
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        raise BadRequestError(f"{name} is not valid UTF-8 text") from None
+    return value
+
+
+def _time(name: str, value: str | None) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise BadRequestError(
+            f"{name} must be an ISO 8601 time, e.g. 2026-01-02T00:00:00Z"
+        ) from None
+    if moment.tzinfo is None:
+        raise BadRequestError(f"{name} needs a UTC offset, e.g. 2026-01-02T00:00:00Z")
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        raise BadRequestError(f"{name} is out of range") from None
+    return moment
+
+
+def _cursor(name: str, value: str | None) -> tuple[datetime, UUID] | None:
+    if value is None:
+        return None
+    moment, _, identifier = value.rpartition("_")
+    try:
+        return datetime.fromisoformat(moment), UUID(identifier)
+    except ValueError:
+        raise BadRequestError(f"{name} must be the cursor a previous page gave") from None
+
+
+def _limit(name: str, value: str | None) -> int:
+    if value is None:
+        return DEFAULT_PAGE_SIZE
+    if not value.isdigit() or not 1 <= int(value) <= MAX_PAGE_SIZE:
+        raise BadRequestError(f"{name} must be a whole number from 1 to {MAX_PAGE_SIZE}")
+    return int(value)

@@ -1,0 +1,319 @@
+"""The operator's console over the outbox: the overview, the message list, a message's detail,
+and the actions (pause, resume, a requeue by filter) with their record.
+
+Shared by the console's HTTP API (``outbox.azure.triggers``, served by the Functions app and by
+``outbox serve``) and the commands (``python -m outbox list | endpoints | pause | resume``).
+Every action is recorded in ``outbox_console_actions`` under an id the caller chooses: the same
+id sent again does the action once and answers with what the first one did.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import asdict
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from outbox.core.errors import BadRequestError, DatabaseError
+from outbox.core.queries import MessageQuery, cursor
+from outbox.core.requests import RequeueFilter
+from outbox.store import operations
+from outbox.store import postgres as store
+
+# The list's scan is cut off after this long: a filter no index serves must be narrowed (a time
+# range) rather than read the whole table.
+LIST_TIMEOUT_MS = 3000
+# Failures are grouped by reason over the latest Failed messages, at most this many.
+FAILED_SAMPLE = 10_000
+MAX_PAYLOAD_CHARS = 100_000
+ACTIONS_LISTED = 50
+NARROW = (
+    "the filter matched too slowly (no index serves it over this many rows): narrow it with "
+    "created_from/created_to or a status"
+)
+
+# Each event type's endpoint names, as configured.
+Endpoints = Mapping[str, Sequence[str]]
+
+
+async def overview(
+    conn: store.Connection, threshold_seconds: float, endpoints: Endpoints
+) -> dict[str, Any]:
+    """Counts by status, the oldest unpublished age, deliveries and failures per minute over the
+    last hour, open and paused endpoints, held ordering keys, failures grouped by reason."""
+    status = await operations.backlog_status(conn, threshold_seconds)
+    figures = await store.console_overview(conn, FAILED_SAMPLE)
+    return {
+        "counts": status.counts,
+        "oldest_unpublished_age_seconds": status.oldest_unpublished_age_seconds,
+        "healthy": status.healthy,
+        "problems": status.problems,
+        "held_back": status.held_back,
+        "open_breakers": status.open_breakers,
+        "paused_endpoints": status.paused_endpoints,
+        "held_keys": figures["held_keys"],
+        "failure_reasons": figures["failure_reasons"],
+        "failure_sample": FAILED_SAMPLE,
+        "rates": [
+            {"minute": _iso(r["minute"]), "delivered": r["delivered"], "failed": r["failed"]}
+            for r in figures["rates"]
+        ],
+        "endpoints": {event_type: list(names) for event_type, names in endpoints.items()},
+    }
+
+
+async def list_messages(
+    conn: store.Connection, query: MessageQuery, endpoints: Endpoints
+) -> dict[str, Any]:
+    """One page of messages matching ``query``, newest first, and the cursor of the next."""
+    endpoint_of = None
+    if query.endpoint is not None:
+        endpoint_of = [t for t, names in endpoints.items() if query.endpoint in names]
+    wanted = store.MessageFilter(
+        query.status,
+        query.event_type,
+        query.endpoint,
+        endpoint_of,
+        query.ordering_key,
+        query.created_from,
+        query.created_to,
+        query.error,
+    )
+    try:
+        rows = await store.console_messages(
+            conn, wanted, query.after, query.limit + 1, timeout_ms=LIST_TIMEOUT_MS
+        )
+    except DatabaseError as exc:
+        if exc.kind == "QueryCanceledError":
+            raise BadRequestError(NARROW) from None
+        raise
+    page = rows[: query.limit]
+    following = None
+    if len(rows) > query.limit:
+        last = page[-1]
+        following = cursor(last["created_at"], last["outbox_message_id"])
+    return {"messages": [_listed(row) for row in page], "next": following}
+
+
+async def message(conn: store.Connection, message_id: UUID) -> dict[str, Any] | None:
+    """A message as the console shows it: payload, each endpoint's state, the attempt timeline,
+    the trace id. (Attempts hold what the relay recorded: redacted, never a header's value.)"""
+    shown = await operations.show(conn, message_id)
+    if shown is None:
+        return None
+    payload = json.dumps(shown.pop("payload"), indent=2, ensure_ascii=False)
+    context = shown.pop("trace_context", None)
+    trace = json.loads(context) if isinstance(context, str) else context
+    parent = trace.get("traceparent") if isinstance(trace, dict) else None
+    parts = parent.split("-") if isinstance(parent, str) else []
+    resent = await store.resend_started(conn, message_id)
+    attempts = [
+        {k: v for k, v in attempt.items() if k != "lease_token"}
+        | {"resend": resent is not None and attempt["finished_at"] >= resent}
+        for attempt in shown["attempts"]
+    ]
+    detail: dict[str, Any] = _jsonable(
+        {
+            "outbox_message_id": shown["outbox_message_id"],
+            "event_type": shown["event_type"],
+            "status": shown["status"],
+            "attempt_count": shown["attempt_count"],
+            "created_at": shown["created_at"],
+            "next_attempt_at": shown["next_attempt_at"],
+            "processed_at": shown["processed_at"],
+            "finished_at": shown["finished_at"],
+            "ordering_key": shown.get("ordering_key"),
+            "last_error": shown["last_error"],
+            "trace_id": parts[1] if len(parts) == 4 else None,
+            "payload": payload[:MAX_PAYLOAD_CHARS],
+            "payload_truncated": len(payload) > MAX_PAYLOAD_CHARS,
+            "endpoints": shown["endpoints"],
+            "attempts": attempts,
+        }
+    )
+    return detail
+
+
+def key_of(endpoints: Endpoints, event_type: Any, endpoint: Any) -> tuple[str, str]:
+    """The (event type, endpoint) an action names, checked against the configuration."""
+    if not isinstance(event_type, str) or not event_type:
+        raise BadRequestError("event_type must be an event type")
+    if not isinstance(endpoint, str) or not endpoint:
+        raise BadRequestError("endpoint must be an endpoint's name")
+    if endpoint not in endpoints.get(event_type, ()):
+        raise BadRequestError(
+            f"endpoint {endpoint!r} is not configured for event type {event_type!r}"
+        )
+    return event_type, endpoint
+
+
+async def pause(
+    conn: store.Connection, key: tuple[str, str], *, actor: str, action_id: str | None = None
+) -> dict[str, Any]:
+    """Pause endpoint ``key`` for every relay: its deliveries wait, spending no attempt."""
+
+    async def run() -> tuple[int, dict[str, Any]]:
+        changed = await store.pause_endpoint(conn, key, actor)
+        return int(changed), {"paused": True, "changed": changed}
+
+    return await act(conn, "pause", _key_filter(key), run, actor=actor, action_id=action_id)
+
+
+async def resume(
+    conn: store.Connection, key: tuple[str, str], *, actor: str, action_id: str | None = None
+) -> dict[str, Any]:
+    """Resume endpoint ``key``: what waited for it is due now (the caller wakes a drain)."""
+
+    async def run() -> tuple[int, dict[str, Any]]:
+        changed, due = await store.resume_endpoint(conn, key)
+        return due, {"paused": False, "changed": changed, "due": due}
+
+    return await act(conn, "resume", _key_filter(key), run, actor=actor, action_id=action_id)
+
+
+async def requeue(
+    conn: store.Connection,
+    wanted: RequeueFilter,
+    *,
+    dry_run: bool,
+    actor: str,
+    action_id: str | None = None,
+) -> dict[str, Any]:
+    """``operations.requeue``, recorded (a dry run changes nothing and is not recorded)."""
+    if dry_run:
+        return (await operations.requeue(conn, wanted, dry_run=True)).as_dict()
+
+    async def run() -> tuple[int, dict[str, Any]]:
+        report = await operations.requeue(conn, wanted, dry_run=False)
+        return report.requeued, report.as_dict()
+
+    shown = _jsonable({k: v for k, v in asdict(wanted).items() if v not in (None, False)})
+    return await act(conn, "requeue", shown, run, actor=actor, action_id=action_id)
+
+
+MAX_RESENT = 1000
+
+
+async def resend(
+    conn: store.Connection,
+    message_ids: Sequence[UUID],
+    endpoint: str | None,
+    endpoints: Endpoints,
+    *,
+    actor: str,
+    action_id: str | None = None,
+) -> dict[str, Any]:
+    """Send Processed messages again, with their own ids (the same ``webhook-id``): to
+    ``endpoint`` alone (it must be one of the message's event type), or to every endpoint.
+    A message that is not Processed is left as it is and listed under ``skipped``."""
+    if not message_ids or len(message_ids) > MAX_RESENT:
+        raise BadRequestError(f"message_ids must list 1 to {MAX_RESENT} message ids")
+
+    async def run() -> tuple[int, dict[str, Any]]:
+        resent: list[str] = []
+        skipped: list[str] = []
+        for message_id in message_ids:
+            found = await store.fetch_message(conn, message_id)
+            names = endpoints.get(found["event_type"], ()) if found else ()
+            if found is None or (endpoint is not None and endpoint not in names):
+                skipped.append(str(message_id))
+                continue
+            done = await store.resend_processed(conn, message_id, endpoint, names)
+            (resent if done else skipped).append(str(message_id))
+        return len(resent), {"resent": resent, "skipped": skipped}
+
+    shown = {"message_ids": [str(i) for i in message_ids], "endpoint": endpoint}
+    return await act(conn, "resend", shown, run, actor=actor, action_id=action_id)
+
+
+async def act(
+    conn: store.Connection,
+    action: str,
+    filter_: dict[str, Any],
+    run: Callable[[], Awaitable[tuple[int, dict[str, Any]]]],
+    *,
+    actor: str,
+    action_id: str | None,
+) -> dict[str, Any]:
+    """Record ``action`` under ``action_id`` and run it, once: an id recorded already answers
+    with the first run's result (``repeated``), or ``in_progress`` while that one runs."""
+    action_id = action_id or str(uuid.uuid4())
+    claimed = await store.claim_action(
+        conn, action_id, action, json.dumps(filter_), dry_run=False, actor=actor
+    )
+    if not claimed:
+        earlier = await store.show_action(conn, action_id)
+        if earlier is None or earlier["action"] != action:
+            raise BadRequestError(f"action_id {action_id!r} was used for another action")
+        result = json.loads(earlier["result"]) if earlier["result"] else {"in_progress": True}
+        return {**result, "action_id": action_id, "repeated": True}
+    affected, result = await run()
+    await store.finish_action(conn, action_id, affected, json.dumps(result))
+    return {**result, "action_id": action_id, "repeated": False}
+
+
+async def actions(conn: store.Connection, limit: int = ACTIONS_LISTED) -> list[dict[str, Any]]:
+    """The latest recorded actions, newest first."""
+    listed = []
+    for row in await store.list_actions(conn, limit):
+        row["filter"] = json.loads(row["filter"])
+        row["result"] = json.loads(row["result"]) if row["result"] else None
+        listed.append(_jsonable(row))
+    return listed
+
+
+async def endpoint_health(conn: store.Connection, endpoints: Endpoints) -> list[dict[str, Any]]:
+    """Each configured endpoint: its breaker, whether paused, and over the last hour its last
+    success and failure and its failure rate (``python -m outbox endpoints``)."""
+    breakers = {(b["event_type"], b["endpoint"]): b for b in await store.open_breakers(conn)}
+    paused = {(p["event_type"], p["endpoint"]): p for p in await store.paused_endpoints(conn)}
+    activity = {(a["event_type"], a["endpoint"]): a for a in await store.endpoint_activity(conn)}
+    shown = []
+    for event_type, names in endpoints.items():
+        for name in names:
+            breaker = breakers.get((event_type, name))
+            seen = activity.get((event_type, name))
+            shown.append(
+                {
+                    "event_type": event_type,
+                    "endpoint": name,
+                    "breaker": "open" if breaker else "closed",
+                    "consecutive_failures": breaker["consecutive_failures"] if breaker else 0,
+                    "paused": (event_type, name) in paused,
+                    "last_success": _iso(seen["last_success"]) if seen else None,
+                    "last_failure": _iso(seen["last_failure"]) if seen else None,
+                    "attempts_last_hour": seen["attempts"] if seen else 0,
+                    "failure_rate_last_hour": (
+                        round(seen["failures"] / seen["attempts"], 3) if seen else None
+                    ),
+                }
+            )
+    return shown
+
+
+def _key_filter(key: tuple[str, str]) -> dict[str, Any]:
+    return {"event_type": key[0], "endpoint": key[1]}
+
+
+def _listed(row: Mapping[str, Any]) -> dict[str, Any]:
+    listed: dict[str, Any] = _jsonable(dict(row))
+    return listed
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    return value
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
