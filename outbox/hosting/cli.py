@@ -251,7 +251,10 @@ async def run_enqueue(conn: Any, settings: Settings, args: argparse.Namespace) -
         )
     # Committed: from here on nothing may fail the command, or its id would be lost to the
     # caller (notify() logs a bad queue setting and returns False, as for any lost hint).
-    sent = await notify_once(settings) if settings.has_queue else False
+    # With OUTBOX_WAKEUP=postgres the NOTIFY went with the commit (the enqueue's statement).
+    sent = settings.wakes_by_postgres or (
+        await notify_once(settings) if settings.has_queue else False
+    )
     emit({"message_id": message_id, "hint_sent": sent})
     return EXIT_OK
 
@@ -275,10 +278,18 @@ async def run_requeue(conn: Any, settings: Settings, args: argparse.Namespace) -
     # Checked here to word its errors by the command's flags; requeue checks it again.
     wanted = requests.parse(requests.RequeueRequest, given, names=requests.FLAG_NAMES)
     report = await operations.requeue(conn, wanted.filter, dry_run=wanted.dry_run)
-    if report.requeued and not wanted.dry_run and settings.has_queue:
-        await notify_once(settings)  # a drain takes them at once, not at the next sweep
+    if report.requeued and not wanted.dry_run:
+        await wake(conn, settings)  # a drain takes them at once, not at the next sweep
     emit(report.as_dict())
     return EXIT_OK
+
+
+async def wake(conn: Any, settings: Settings) -> None:
+    """One wake-up at once, over the configured transport (none without one)."""
+    if settings.wakes_by_postgres:
+        await store.notify_wakeup(conn)
+    elif settings.has_queue:
+        await notify_once(settings)
 
 
 async def run_purge(conn: Any, settings: Settings, args: argparse.Namespace) -> int:

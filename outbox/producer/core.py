@@ -26,6 +26,7 @@ import datetime as dt
 import decimal
 import enum
 import json
+import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -36,12 +37,18 @@ from pydantic import BaseModel
 
 from outbox import store
 from outbox.core import telemetry
-from outbox.core.errors import DuplicateMessageError, InvalidMessageError, TransactionRequiredError
-from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
+from outbox.core.errors import (
+    ConfigurationError,
+    DuplicateMessageError,
+    InvalidMessageError,
+    TransactionRequiredError,
+)
+from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit, wakes_by_postgres
 from outbox.core.text import first_control
 from outbox.producer import drivers
 from outbox.transport.wakeup import WakeUpQueue, notify_once
 
+logger = logging.getLogger("outbox.producer")
 Payload = Mapping[str, Any] | BaseModel
 MAX_EVENT_TYPE_CHARS = 200
 MAX_KEY_CHARS = 200
@@ -112,8 +119,16 @@ def prepare(
     message_id = message_id or uuid.uuid4()
     # The producer's trace (its active span), continued by the delivery; None without one.
     trace_context = telemetry.capture()
+    # With OUTBOX_WAKEUP=postgres the row's wake-up is a NOTIFY in its own INSERT: sent on commit,
+    # never on a rollback (docs/performance.md#wake-ups-over-postgresql).
     return message_id, store.insert_message(
-        message_id, event_type, body, ordering_key, trace_context, generated_id=generated
+        message_id,
+        event_type,
+        body,
+        ordering_key,
+        trace_context,
+        generated_id=generated,
+        notify=wakes_by_postgres(),
     )
 
 
@@ -137,11 +152,25 @@ async def notify(queue: WakeUpQueue | None = None) -> bool:
     """Send the wake-up hint after the commit. Never raises; returns whether it was sent.
 
     Pass a long-lived ``WakeUpQueue`` to reuse its connection; without one, a client is made from
-    the environment (``AzureWebJobsStorage``, ``OUTBOX_QUEUE_NAME``) for this one hint.
+    the environment (``AzureWebJobsStorage``, ``OUTBOX_QUEUE_NAME``) for this one hint. With
+    ``OUTBOX_WAKEUP=postgres`` (and no ``queue``) there is nothing left to send: each enqueue's
+    statement sent its NOTIFY with the commit; True.
     """
     if queue is not None:
         return await queue.notify()
+    if sent_with_commit():
+        return True
     return await notify_once()
+
+
+def sent_with_commit() -> bool:
+    """Whether the wake-up went with the commit (OUTBOX_WAKEUP=postgres). A bad value was
+    refused by the enqueue already; here it is only a warning (notify never raises)."""
+    try:
+        return wakes_by_postgres()
+    except ConfigurationError as exc:
+        logger.warning("outbox wake-up not sent: %s", exc)
+        return False
 
 
 class OutboxTransaction:

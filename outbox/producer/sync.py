@@ -22,7 +22,13 @@ from contextlib import contextmanager
 from outbox import store
 from outbox.core.errors import DuplicateMessageError, TransactionRequiredError
 from outbox.producer import drivers
-from outbox.producer.core import Payload, nested_transaction, outside_transaction, prepare
+from outbox.producer.core import (
+    Payload,
+    nested_transaction,
+    outside_transaction,
+    prepare,
+    sent_with_commit,
+)
 from outbox.producer.inbox import check_webhook_id
 from outbox.transport.sync_wakeup import WakeUpQueue, notify_once
 
@@ -59,9 +65,13 @@ def notify(queue: WakeUpQueue | None = None) -> bool:
 
     Pass a long-lived ``outbox.sync.WakeUpQueue`` to reuse its connection; without one, a client
     is made from the environment (``AzureWebJobsStorage``, ``OUTBOX_QUEUE_NAME``) for this hint.
+    With ``OUTBOX_WAKEUP=postgres`` (and no ``queue``) each enqueue's statement sent its NOTIFY
+    with the commit: nothing is left to send; True.
     """
     if queue is not None:
         return queue.notify()
+    if sent_with_commit():
+        return True
     return notify_once()
 
 
