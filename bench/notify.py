@@ -6,10 +6,9 @@ each commit one-message transactions (``outbox.enqueue``) as fast as they can fo
 - ``none``: no wake-up at all;
 - ``in-transaction``: ``NOTIFY`` inside the business transaction (delivered only on commit; the
   commit takes a cluster-wide lock to queue the notification);
-- ``with-insert``: the same NOTIFY in the enqueue's own statement (what ``outbox.enqueue`` sends
-  with ``OUTBOX_WAKEUP=postgres``: no extra round trip);
-- ``after-commit``: ``pg_notify`` on the same connection after the commit (one more round trip;
-  lost if the process dies between the two);
+- ``after-commit``: what ``outbox.transaction`` does with ``OUTBOX_WAKEUP=postgres``: the NOTIFY
+  on the same connection after the commit, in a transaction of its own (lost if the process dies
+  between the two, as a queue hint would be);
 
 with one connection LISTENing in another process, as ``outbox serve`` does. Prints commits per
 second per variant (median of ``runs``).
@@ -30,19 +29,21 @@ import outbox
 from bench.common import Database, admin_dsn
 from outbox.core.settings import WAKEUP_CHANNEL
 
-VARIANTS = ("none", "in-transaction", "with-insert", "after-commit")
+VARIANTS = ("none", "in-transaction", "after-commit")
 NOTIFY = f"SELECT pg_notify('{WAKEUP_CHANNEL}', '')"
 
 
 async def producer(conn: Any, variant: str, until: float) -> int:
     commits = 0
     while time.monotonic() < until:
-        async with conn.transaction():
-            await outbox.enqueue(conn, "OrderCompleted", {"orderId": commits})
-            if variant == "in-transaction":
-                await conn.execute(NOTIFY)
         if variant == "after-commit":
-            await conn.execute(NOTIFY)
+            async with outbox.transaction(conn) as tx:
+                await tx.enqueue("OrderCompleted", {"orderId": commits})
+        else:
+            async with conn.transaction():
+                await outbox.enqueue(conn, "OrderCompleted", {"orderId": commits})
+                if variant == "in-transaction":
+                    await conn.execute(NOTIFY)
         commits += 1
     return commits
 
@@ -66,7 +67,7 @@ async def one_run(db: Database, variant: str, producers: int, seconds: float) ->
     assert listener.stdout is not None
     await listener.stdout.readline()
     conns = [await db.connect() for _ in range(producers)]
-    os.environ["OUTBOX_WAKEUP"] = "postgres" if variant == "with-insert" else "queue"
+    os.environ["OUTBOX_WAKEUP"] = "postgres"
     try:
         until = time.monotonic() + seconds
         counts = await asyncio.gather(*(producer(c, variant, until) for c in conns))

@@ -462,7 +462,7 @@ def payload_limit() -> int:
 
 def wakes_by_postgres() -> bool:
     """Whether ``OUTBOX_WAKEUP`` asks for wake-ups over PostgreSQL (producers read it at each
-    call, as the relay's Settings do); ConfigurationError for a value other than the two."""
+    notify, as the relay's Settings do); ConfigurationError for a value other than the two."""
     name = env_name("wakeup")
     raw = os.environ.get(name)
     if raw is None:

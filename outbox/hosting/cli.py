@@ -251,10 +251,7 @@ async def run_enqueue(conn: Any, settings: Settings, args: argparse.Namespace) -
         )
     # Committed: from here on nothing may fail the command, or its id would be lost to the
     # caller (notify() logs a bad queue setting and returns False, as for any lost hint).
-    # With OUTBOX_WAKEUP=postgres the NOTIFY went with the commit (the enqueue's statement).
-    sent = settings.wakes_by_postgres or (
-        await notify_once(settings) if settings.has_queue else False
-    )
+    sent = await wake(conn, settings)
     emit({"message_id": message_id, "hint_sent": sent})
     return EXIT_OK
 
@@ -284,12 +281,11 @@ async def run_requeue(conn: Any, settings: Settings, args: argparse.Namespace) -
     return EXIT_OK
 
 
-async def wake(conn: Any, settings: Settings) -> None:
-    """One wake-up at once, over the configured transport (none without one)."""
+async def wake(conn: Any, settings: Settings) -> bool:
+    """One wake-up after a commit, over the configured transport: whether one was sent."""
     if settings.wakes_by_postgres:
-        await store.notify_wakeup(conn)
-    elif settings.has_queue:
-        await notify_once(settings)
+        return await store.notify_wakeup(conn)
+    return await notify_once(settings) if settings.has_queue else False
 
 
 async def run_purge(conn: Any, settings: Settings, args: argparse.Namespace) -> int:

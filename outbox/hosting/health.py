@@ -69,6 +69,8 @@ async def why_not_ready() -> str | None:
         async with asyncio.timeout(READY_TIMEOUT_SECONDS):
             applied = await store.applied_migrations(relay.pool)
     except DatabaseError as exc:
+        if exc.kind == "UndefinedTableError":  # not even the bookkeeping table yet
+            return "no migration applied (run python -m outbox migrate)"
         return f"database error: {exc.kind}"
     except TimeoutError:
         return f"the database did not answer within {READY_TIMEOUT_SECONDS:g} s"

@@ -42,6 +42,7 @@ from outbox.core.errors import (
     DuplicateMessageError,
     InvalidMessageError,
     TransactionRequiredError,
+    describe,
 )
 from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit, wakes_by_postgres
 from outbox.core.text import first_control
@@ -119,16 +120,8 @@ def prepare(
     message_id = message_id or uuid.uuid4()
     # The producer's trace (its active span), continued by the delivery; None without one.
     trace_context = telemetry.capture()
-    # With OUTBOX_WAKEUP=postgres the row's wake-up is a NOTIFY in its own INSERT: sent on commit,
-    # never on a rollback (docs/performance.md#wake-ups-over-postgresql).
     return message_id, store.insert_message(
-        message_id,
-        event_type,
-        body,
-        ordering_key,
-        trace_context,
-        generated_id=generated,
-        notify=wakes_by_postgres(),
+        message_id, event_type, body, ordering_key, trace_context, generated_id=generated
     )
 
 
@@ -148,28 +141,46 @@ def nested_transaction(prefix: str) -> str:
     )
 
 
-async def notify(queue: WakeUpQueue | None = None) -> bool:
+async def notify(queue: WakeUpQueue | None = None, *, conn: object | None = None) -> bool:
     """Send the wake-up hint after the commit. Never raises; returns whether it was sent.
 
     Pass a long-lived ``WakeUpQueue`` to reuse its connection; without one, a client is made from
     the environment (``AzureWebJobsStorage``, ``OUTBOX_QUEUE_NAME``) for this one hint. With
-    ``OUTBOX_WAKEUP=postgres`` (and no ``queue``) there is nothing left to send: each enqueue's
-    statement sent its NOTIFY with the commit; True.
+    ``OUTBOX_WAKEUP=postgres`` the hint is a NOTIFY sent on ``conn`` (the connection or session
+    that committed) in a transaction of its own
+    (docs/performance.md#wake-ups-over-postgresql).
     """
     if queue is not None:
         return await queue.notify()
-    if sent_with_commit():
-        return True
-    return await notify_once()
+    if not over_postgres():
+        return await notify_once()
+    if conn is None:
+        logger.warning(NEEDS_CONNECTION)
+        return False
+    try:
+        driver = drivers.async_driver(conn, "notify")
+        async with driver.transaction():
+            await driver.returns_row(store.wakeup_statement())
+    except Exception as exc:  # noqa: BLE001 - a hint must never fail the caller
+        logger.warning(NOT_SENT, describe(exc))
+        return False
+    return True
 
 
-def sent_with_commit() -> bool:
-    """Whether the wake-up went with the commit (OUTBOX_WAKEUP=postgres). A bad value was
-    refused by the enqueue already; here it is only a warning (notify never raises)."""
+NEEDS_CONNECTION = (
+    "outbox wake-up not sent (the row is safe): with OUTBOX_WAKEUP=postgres, notify() needs the "
+    "connection that committed: notify(conn=conn)"
+)
+NOT_SENT = "outbox wake-up NOTIFY not sent (the row is safe): %s"
+
+
+def over_postgres() -> bool:
+    """Whether wake-ups go over PostgreSQL (OUTBOX_WAKEUP=postgres). A bad value is a warning
+    here, and the queue's hint is tried (notify never raises)."""
     try:
         return wakes_by_postgres()
     except ConfigurationError as exc:
-        logger.warning("outbox wake-up not sent: %s", exc)
+        logger.warning("outbox wake-up: %s", exc)
         return False
 
 
@@ -218,7 +229,7 @@ async def transaction(
     async with driver.transaction():
         yield tx
     if tx.message_ids:
-        await notify(queue)
+        await notify(queue, conn=conn)
 
 
 def check_event_type(event_type: object) -> None:

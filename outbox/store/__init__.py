@@ -57,6 +57,7 @@ from outbox.store.postgres import (
     release_held,
     requeue_failed,
     troubled_endpoints,
+    wakeup_statement,
 )
 
 __all__ = [
@@ -111,4 +112,5 @@ __all__ = [
     "release_held",
     "requeue_failed",
     "troubled_endpoints",
+    "wakeup_statement",
 ]

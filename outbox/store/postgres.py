@@ -165,15 +165,18 @@ def insert_message(
     trace_context: str | None = None,
     *,
     generated_id: bool = False,
-    notify: bool = False,
 ) -> Statement:
     """Insert a Pending row; it returns a row, or none when a row with this id already exists.
     ``trace_context``: the producer's W3C trace context as JSON text (``telemetry.capture()``).
-    ``generated_id``: the id is a random UUID just made, so no conflict is looked for.
-    ``notify``: with the wake-up NOTIFY, sent on commit (OUTBOX_WAKEUP=postgres)."""
+    ``generated_id``: the id is a random UUID just made, so no conflict is looked for."""
     name = "insert_new_message" if generated_id else "insert_message"
-    name = f"{name}_notify" if notify else name
     return Statement(name, (message_id, event_type, payload, ordering_key, trace_context))
+
+
+def wakeup_statement() -> Statement:
+    """The wake-up NOTIFY (OUTBOX_WAKEUP=postgres), for a producer's driver to send after its
+    commit; it returns a row."""
+    return Statement("notify_wakeup", ())
 
 
 def claim_inbox(webhook_id: str) -> Statement:

@@ -46,34 +46,6 @@ VALUES ($1, $2, $3::jsonb, 'Pending', now(), $4::text,
         $5::jsonb)
 RETURNING outbox_message_id;
 
--- insert_message_notify --
--- insert_message with OUTBOX_WAKEUP=postgres: the wake-up NOTIFY in the same statement, which
--- PostgreSQL delivers when (and only if) the caller's transaction commits, once per transaction.
-WITH inserted AS (
-    INSERT INTO outbox_messages
-        (outbox_message_id, event_type, payload, status, next_attempt_at, ordering_key,
-         ordering_seq, trace_context)
-    VALUES ($1, $2, $3::jsonb, 'Pending', now(), $4::text,
-            CASE WHEN $4::text IS NOT NULL THEN nextval('outbox_messages_ordering_seq') END,
-            $5::jsonb)
-    ON CONFLICT (outbox_message_id) DO NOTHING
-    RETURNING outbox_message_id
-)
-SELECT outbox_message_id FROM inserted, pg_notify('outbox_wakeup', '') AS woken;
-
--- insert_new_message_notify --
--- insert_new_message with OUTBOX_WAKEUP=postgres, as insert_message_notify.
-WITH inserted AS (
-    INSERT INTO outbox_messages
-        (outbox_message_id, event_type, payload, status, next_attempt_at, ordering_key,
-         ordering_seq, trace_context)
-    VALUES ($1, $2, $3::jsonb, 'Pending', now(), $4::text,
-            CASE WHEN $4::text IS NOT NULL THEN nextval('outbox_messages_ordering_seq') END,
-            $5::jsonb)
-    RETURNING outbox_message_id
-)
-SELECT outbox_message_id FROM inserted, pg_notify('outbox_wakeup', '') AS woken;
-
 -- claim_inbox --
 -- A consumer records a received webhook id ($1) inside its own transaction: returns the id the
 -- first time, nothing when it is already recorded. A concurrent claim of the same id waits for the
@@ -625,7 +597,9 @@ WHERE m.outbox_message_id = wait_over.outbox_message_id
 RETURNING m.outbox_message_id;
 
 -- notify_wakeup --
--- A wake-up over PostgreSQL (OUTBOX_WAKEUP=postgres): each `outbox serve` LISTENing drains.
+-- A wake-up over PostgreSQL (OUTBOX_WAKEUP=postgres): each `outbox serve` LISTENing drains. Sent
+-- after the business transaction's commit, in a transaction of its own:
+-- docs/performance.md#wake-ups-over-postgresql
 SELECT pg_notify('outbox_wakeup', '');
 
 -- ping --
