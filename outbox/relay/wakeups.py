@@ -49,7 +49,8 @@ COVER_SLACK_SECONDS = 1.0
 
 
 class WakeUps(Closeable):
-    """The process's wake-up hints: its queue client and the delayed hints it has sent."""
+    """The process's wake-up hints (its queue client, the delayed hints it has sent) and the
+    earliest time it wants a run."""
 
     def __init__(self, settings: QueueSettings, pool: store.Connection | None = None) -> None:
         """``pool``: where ``OUTBOX_WAKEUP=postgres`` sends its NOTIFY."""

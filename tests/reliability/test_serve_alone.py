@@ -194,6 +194,8 @@ async def test_over_postgres_an_enqueue_is_delivered_without_any_queue(
     await receiver.wait_for(1, timeout=SLACK_SECONDS)
     assert receiver.requests[0].webhook_id == str(message_id)
     await child.wait_for_line(r"outbox\.drain trigger=notify .*processed=1")
+    assert await child.stop() == 0  # SIGTERM: the listener and the timer stop with it
+    assert child.lines[-1].endswith("stopped")
 
 
 async def test_a_rolled_back_enqueue_sends_no_wake_up_and_a_committed_one_sends_one(
