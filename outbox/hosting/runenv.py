@@ -14,7 +14,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 # The settings another shell needs to reach what make run started.
-SHARED = ("OUTBOX_DATABASE_URL", "AzureWebJobsStorage", "OUTBOX_QUEUE_NAME", "OUTBOX_WEBHOOKS")
+SHARED = (
+    "OUTBOX_DATABASE_URL",
+    "AzureWebJobsStorage",
+    "OUTBOX_QUEUE_NAME",
+    "OUTBOX_WAKEUP",
+    "OUTBOX_WEBHOOKS",
+)
 IDENTITY_STORAGE_PREFIX = "AzureWebJobsStorage__"
 
 

@@ -16,6 +16,11 @@ yours), indexes it as the Python worker does and calls the very same functions:
 ``host.json`` is read from the working folder when there is one, else the package's own copy
 (the repository's, shipped with it); ``%OUTBOX_QUEUE_NAME%`` defaults to ``outbox-wakeup``.
 
+Besides, it drains on its own timer whenever the relay wants a run later (a retry's backoff, a
+``Retry-After``, a breaker's reopen), with or without a queue (``drainer``); with
+``OUTBOX_WAKEUP=postgres`` it LISTENs for the producers' NOTIFY and drains at each. For container
+hosts, ``GET /healthz``, ``/readyz`` and ``/metrics`` (``health``).
+
 SIGTERM or SIGINT stops it gracefully: no new work is taken, drains finish their in-flight
 deliveries and release what they had not started, then the clients close. No row is left behind.
 """
@@ -32,7 +37,6 @@ import logging
 import os
 import re
 import signal
-import time
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -52,10 +56,12 @@ from azure.storage.queue.aio import QueueClient
 
 from outbox.azure import functions, triggers
 from outbox.azure.host import functions_host
+from outbox.core import telemetry
 from outbox.core.errors import ConfigurationError, describe
 from outbox.core.logs import Throttled
 from outbox.core.redact import Redactor
 from outbox.core.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
+from outbox.hosting import health
 from outbox.hosting.connections import (
     ACCEPT_ERROR_LOG_INTERVAL_SECONDS,
     KEEPALIVE_TIMEOUT_SECONDS,
@@ -64,14 +70,13 @@ from outbox.hosting.connections import (
     GuardedSite,
     default_max_connections,
 )
+from outbox.hosting.drainer import Drainer, PostgresListener
 from outbox.hosting.ncrontab import Schedule
 from outbox.transport.wakeup import close_queue_client, make_queue_client
 
 logger = logging.getLogger("outbox.serve")
 
 DEFAULT_PORT = 7071
-# How often serve looks for a wake-up hint it could not send whose time has come.
-UNSENT_HINT_CHECK_SECONDS = 1.0
 # App settings that binding expressions may name, with the value they take when not set.
 SETTING_DEFAULTS = {"OUTBOX_QUEUE_NAME": DEFAULT_QUEUE_NAME}
 _TIMESPAN = re.compile(r"^(\d+):(\d\d):(\d\d(?:\.\d+)?)$")
@@ -396,6 +401,7 @@ async def start_http(
 
     guard = Guard(connection, max_connections=limit)
     app = http_app(bindings, options.key, redact, guard, options.view_key)
+    health.add_routes(app, lambda request: _key_matches(request, options.key))
     runner = web.AppRunner(
         app, access_log=None, shutdown_timeout=5, keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS
     )
@@ -423,13 +429,16 @@ async def serve(
     bindings = index(app)
     queue_options = QueueOptions.from_host_json(host_json_path(options.host_json))
     functions_host.use(settings)
+    telemetry.configure(prometheus=True)
     queued = [b for b in bindings if b.trigger["type"] == "queueTrigger"]
     if queued and not settings.has_queue:
-        logger.warning(
-            "no wake-up queue configured (AzureWebJobsStorage): %s not served; the timer still "
-            "sweeps every five minutes and the HTTP drain works",
-            ", ".join(b.name for b in queued),
-        )
+        if not settings.wakes_by_postgres:
+            logger.warning(
+                "no wake-up queue configured (AzureWebJobsStorage) and OUTBOX_WAKEUP is not "
+                "postgres: %s not served; new messages wait for the five-minute sweep or an "
+                "HTTP drain (retries are timed in-process all the same)",
+                ", ".join(b.name for b in queued),
+            )
         queued = []
     listeners = [QueueListener(b, settings, queue_options) for b in queued]
     http = [b for b in bindings if b.trigger["type"] == "httpTrigger"]
@@ -451,8 +460,12 @@ async def serve(
     tasks = [asyncio.create_task(listener.run(stopping)) for listener in listeners]
     # What waited while no relay ran is taken now, not at the first hint or sweep.
     tasks.append(asyncio.create_task(_drain_at_startup(redact)))
-    if queued:
-        tasks.append(asyncio.create_task(_drain_for_unsent_hints(stopping, redact)))
+    # Retries on time whatever the queue does; and, over PostgreSQL, a drain at each NOTIFY.
+    drainer = Drainer(redact)
+    tasks.append(asyncio.create_task(drainer.run(stopping)))
+    if settings.wakes_by_postgres:
+        notified = PostgresListener(settings.database_url.get_secret_value(), drainer)
+        tasks.append(asyncio.create_task(notified.run(stopping)))
     tasks += [
         asyncio.create_task(run_timer(b, stopping, redact))
         for b in bindings
@@ -476,22 +489,6 @@ async def _drain_at_startup(redact: Redactor) -> None:
         await triggers.on_startup()
     except Exception as exc:  # noqa: BLE001 - like a timer's failure: logged, the rest serves on
         logger.error("start-up drain failed: %s", redact(describe(exc)))
-
-
-async def _drain_for_unsent_hints(stopping: asyncio.Event, redact: Redactor) -> None:
-    """A run in place of each wake-up hint the relay could not send (the queue unreachable, the
-    process out of descriptors), when that hint would have woken one: what comes due is
-    delivered within seconds of the trouble ending, not at the next sweep."""
-    while not stopping.is_set():
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), UNSENT_HINT_CHECK_SECONDS)
-            return
-        try:
-            relay = await functions_host.relay()
-            if relay.wakeups is not None and relay.wakeups.take_unsent(time.monotonic()):
-                await triggers.drain("unsent-hint", until_caught_up=True)
-        except Exception as exc:  # noqa: BLE001 - like a timer's failure: the next check tries
-            logger.error("drain for an unsent hint failed: %s", redact(describe(exc)))
 
 
 def install_stop_signals(stopping: asyncio.Event) -> None:

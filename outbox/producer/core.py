@@ -26,6 +26,7 @@ import datetime as dt
 import decimal
 import enum
 import json
+import logging
 import re
 import uuid
 from collections.abc import AsyncIterator, Mapping
@@ -36,12 +37,19 @@ from pydantic import BaseModel
 
 from outbox import store
 from outbox.core import telemetry
-from outbox.core.errors import DuplicateMessageError, InvalidMessageError, TransactionRequiredError
-from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit
+from outbox.core.errors import (
+    ConfigurationError,
+    DuplicateMessageError,
+    InvalidMessageError,
+    TransactionRequiredError,
+    describe,
+)
+from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit, wakes_by_postgres
 from outbox.core.text import first_control
 from outbox.producer import drivers
 from outbox.transport.wakeup import WakeUpQueue, notify_once
 
+logger = logging.getLogger("outbox.producer")
 Payload = Mapping[str, Any] | BaseModel
 MAX_EVENT_TYPE_CHARS = 200
 MAX_KEY_CHARS = 200
@@ -133,15 +141,47 @@ def nested_transaction(prefix: str) -> str:
     )
 
 
-async def notify(queue: WakeUpQueue | None = None) -> bool:
+async def notify(queue: WakeUpQueue | None = None, *, conn: object | None = None) -> bool:
     """Send the wake-up hint after the commit. Never raises; returns whether it was sent.
 
     Pass a long-lived ``WakeUpQueue`` to reuse its connection; without one, a client is made from
-    the environment (``AzureWebJobsStorage``, ``OUTBOX_QUEUE_NAME``) for this one hint.
+    the environment (``AzureWebJobsStorage``, ``OUTBOX_QUEUE_NAME``) for this one hint. With
+    ``OUTBOX_WAKEUP=postgres`` the hint is a NOTIFY sent on ``conn`` (the connection or session
+    that committed) in a transaction of its own
+    (docs/performance.md#wake-ups-over-postgresql).
     """
     if queue is not None:
         return await queue.notify()
-    return await notify_once()
+    if not over_postgres():
+        return await notify_once()
+    if conn is None:
+        logger.warning(NEEDS_CONNECTION)
+        return False
+    try:
+        driver = drivers.async_driver(conn, "notify")
+        async with driver.transaction():
+            await driver.returns_row(store.wakeup_statement())
+    except Exception as exc:  # noqa: BLE001 - a hint must never fail the caller
+        logger.warning(NOT_SENT, describe(exc))
+        return False
+    return True
+
+
+NEEDS_CONNECTION = (
+    "outbox wake-up not sent (the row is safe): with OUTBOX_WAKEUP=postgres, notify() needs the "
+    "connection that committed: notify(conn=conn)"
+)
+NOT_SENT = "outbox wake-up NOTIFY not sent (the row is safe): %s"
+
+
+def over_postgres() -> bool:
+    """Whether wake-ups go over PostgreSQL (OUTBOX_WAKEUP=postgres). A bad value is a warning
+    here, and the queue's hint is tried (notify never raises)."""
+    try:
+        return wakes_by_postgres()
+    except ConfigurationError as exc:
+        logger.warning("outbox wake-up: %s", exc)
+        return False
 
 
 class OutboxTransaction:
@@ -189,7 +229,7 @@ async def transaction(
     async with driver.transaction():
         yield tx
     if tx.message_ids:
-        await notify(queue)
+        await notify(queue, conn=conn)
 
 
 def check_event_type(event_type: object) -> None:

@@ -20,9 +20,18 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from outbox import store
-from outbox.core.errors import DuplicateMessageError, TransactionRequiredError
+from outbox.core.errors import DuplicateMessageError, TransactionRequiredError, describe
 from outbox.producer import drivers
-from outbox.producer.core import Payload, nested_transaction, outside_transaction, prepare
+from outbox.producer.core import (
+    NEEDS_CONNECTION,
+    NOT_SENT,
+    Payload,
+    logger,
+    nested_transaction,
+    outside_transaction,
+    over_postgres,
+    prepare,
+)
 from outbox.producer.inbox import check_webhook_id
 from outbox.transport.sync_wakeup import WakeUpQueue, notify_once
 
@@ -53,16 +62,30 @@ def enqueue(
     return message_id
 
 
-def notify(queue: WakeUpQueue | None = None) -> bool:
+def notify(queue: WakeUpQueue | None = None, *, conn: object | None = None) -> bool:
     """Send the wake-up hint after the commit. Never raises; returns whether it was sent, within
     five seconds at most.
 
     Pass a long-lived ``outbox.sync.WakeUpQueue`` to reuse its connection; without one, a client
     is made from the environment (``AzureWebJobsStorage``, ``OUTBOX_QUEUE_NAME``) for this hint.
+    With ``OUTBOX_WAKEUP=postgres`` the hint is a NOTIFY sent on ``conn`` (the connection or
+    session that committed) in a transaction of its own.
     """
     if queue is not None:
         return queue.notify()
-    return notify_once()
+    if not over_postgres():
+        return notify_once()
+    if conn is None:
+        logger.warning(NEEDS_CONNECTION)
+        return False
+    try:
+        driver = drivers.sync_driver(conn, "notify")
+        with driver.transaction():
+            driver.returns_row(store.wakeup_statement())
+    except Exception as exc:  # noqa: BLE001 - a hint must never fail the caller
+        logger.warning(NOT_SENT, describe(exc))
+        return False
+    return True
 
 
 def claim(conn: object, webhook_id: str) -> bool:
@@ -118,4 +141,4 @@ def transaction(
     with driver.transaction():
         yield tx
     if tx.message_ids:
-        notify(queue)
+        notify(queue, conn=conn)

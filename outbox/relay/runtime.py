@@ -7,6 +7,7 @@ Functions side's one host (``outbox.azure.host``), which opens one relay per pro
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Self
 
 from outbox import store
@@ -44,8 +45,8 @@ class Relay(Closeable):
             telemetry=telemetry,
             relay_store=self.store,
         )
-        # Wake-up hints for what comes due later; none where no queue is configured.
-        self.wakeups = WakeUps(settings) if settings.has_queue else None
+        # When the next run is wanted, and the hints (queue or NOTIFY) that wake one then.
+        self.wakeups = WakeUps(settings, pool)
 
     async def drain(
         self,
@@ -54,17 +55,17 @@ class Relay(Closeable):
         until_caught_up: bool = False,
         trigger: str = "drain",
     ) -> DrainSummary:
-        """One run of the processor, then the wake-up hint the next run needs (if any)."""
+        """One run of the processor, then the wake-up the next run needs (if any)."""
+        self.wakeups.run_starting(time.monotonic())
         summary = await self.processor.execute(
             budget_seconds, until_caught_up=until_caught_up, trigger=trigger
         )
-        if self.wakeups is not None:
-            await self.wakeups.after_run(self.store, summary)
+        await self.wakeups.after_run(self.store, summary)
         return summary
 
     async def wake_now(self) -> bool:
-        """One wake-up hint at once (after a requeue), where a queue is configured."""
-        return await self.wakeups.wake_now() if self.wakeups is not None else False
+        """One wake-up at once (after a requeue): whether a hint was sent."""
+        return await self.wakeups.wake_now()
 
     @classmethod
     async def open(cls, settings: Settings, *, telemetry: Telemetry | None = None) -> Self:
@@ -78,7 +79,6 @@ class Relay(Closeable):
         return cls(settings, pool, publisher, clock, telemetry)
 
     async def close(self) -> None:
-        if self.wakeups is not None:
-            await self.wakeups.close()
+        await self.wakeups.close()
         await self.publisher.close()
         await self.pool.close()

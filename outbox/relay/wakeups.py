@@ -13,12 +13,21 @@ After a run that gave messages back at its end (its budget spent, the relay stop
 is sent at once, so that another drain takes them; after a run that ended on a database error,
 one in 30 s, so that a database that comes back is drained within a minute. A hint that cannot
 be sent is a warning, never the run's error: the sweep still finds the row, and a host that
-lives on (``outbox serve``) runs a drain of its own when the hint would have woken one
-(``take_unsent``). Where no queue is configured nothing is sent.
+lives on (``outbox serve``) drains on its own timer anyway. Where no queue is configured nothing
+is sent.
+
+Whatever is sent, the process keeps the earliest time it wanted a run (``due_in``, ``take_due``,
+``changed``): ``outbox serve`` arms its own timer on it and drains then, so a retry is on time
+with no queue at all, or one that cannot be reached. A run that starts covers what was due by
+then: the timer and a hint that wake together make one run that finds work, not two.
+
+With ``OUTBOX_WAKEUP=postgres`` a hint due now is a ``NOTIFY`` on the database (which every
+``serve`` LISTENs to); one due later has no carrier but each process's own timer.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import time
@@ -40,15 +49,42 @@ COVER_SLACK_SECONDS = 1.0
 
 
 class WakeUps(Closeable):
-    """The process's wake-up hints: its queue client and the delayed hints it has sent."""
+    """The process's wake-up hints (its queue client, the delayed hints it has sent) and the
+    earliest time it wants a run."""
 
-    def __init__(self, settings: QueueSettings) -> None:
+    def __init__(self, settings: QueueSettings, pool: store.Connection | None = None) -> None:
+        """``pool``: where ``OUTBOX_WAKEUP=postgres`` sends its NOTIFY."""
         self._settings = settings
+        self._pool = pool if settings.wakes_by_postgres else None
+        self._uses_queue = settings.has_queue and not settings.wakes_by_postgres
         self._queue: WakeUpQueue | None = None
         # When each delayed hint this process sent becomes visible (monotonic), until then.
         self._scheduled: list[float] = []
-        # When the earliest hint that could not be sent would have woken a run (monotonic).
-        self._unsent: float | None = None
+        # The earliest time (monotonic) this process wants a run, sent or not; and its change.
+        self._due: float | None = None
+        self.changed = asyncio.Event()
+
+    def run_starting(self, now: float) -> None:
+        """A run starts at ``now`` (monotonic): it takes what was due by then."""
+        if self._due is not None and self._due <= now + COVER_SLACK_SECONDS:
+            self._due = None
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds from ``now`` (monotonic) until this process wants a run; None: no time."""
+        return None if self._due is None else max(self._due - now, 0.0)
+
+    def take_due(self, now: float) -> bool:
+        """Whether a run is wanted by ``now`` (monotonic); forgotten once told (the run it
+        stands for schedules the next)."""
+        if self._due is None or self._due > now:
+            return False
+        self._due = None
+        return True
+
+    def _arm(self, at: float) -> None:
+        if self._due is None or at < self._due:
+            self._due = at
+            self.changed.set()
 
     async def after_run(self, relay_store: store.RelayStore, summary: DrainSummary) -> None:
         """Wake the next run when it is needed: now, after a database error, or when the next
@@ -69,37 +105,28 @@ class WakeUps(Closeable):
             await self.wake_in(due_in / (1 - JITTER_FRACTION))
 
     async def wake_now(self) -> bool:
-        """One hint, visible at once (requeued messages, messages given back)."""
-        sent = await self._queue_client().notify()
-        if not sent:
-            self._owe(time.monotonic())
-        return sent
+        """One hint, visible at once (requeued messages, messages given back): a NOTIFY with
+        ``OUTBOX_WAKEUP=postgres``, else a queue message where a queue is configured."""
+        self._arm(time.monotonic())
+        if self._pool is not None:
+            return await store.notify_wakeup(self._pool)
+        return await self._queue_client().notify() if self._uses_queue else False
 
     async def wake_in(self, seconds: float) -> bool:
         """One hint visible in ``seconds`` (rounded up to whole seconds, at least one), unless
         a hint this process sent is visible by then already. Whether one was sent."""
         delay = min(max(math.ceil(seconds), 1), MAX_DELAY_SECONDS)
         now = time.monotonic()
+        self._arm(now + delay)
+        if not self._uses_queue:
+            return False
         self._scheduled = [at for at in self._scheduled if at > now]
         if any(at <= now + delay + COVER_SLACK_SECONDS for at in self._scheduled):
             return False
         sent = await self._queue_client().notify(delay_seconds=delay)
         if sent:
             self._scheduled.append(now + delay)
-        else:
-            self._owe(now + delay)
         return sent
-
-    def take_unsent(self, now: float) -> bool:
-        """Whether a hint that could not be sent would have woken a run by ``now`` (monotonic);
-        forgotten once told (the run it stands for schedules the next)."""
-        if self._unsent is None or self._unsent > now:
-            return False
-        self._unsent = None
-        return True
-
-    def _owe(self, at: float) -> None:
-        self._unsent = at if self._unsent is None else min(self._unsent, at)
 
     def _queue_client(self) -> WakeUpQueue:
         if self._queue is None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
 import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
@@ -39,7 +40,7 @@ import asyncpg
 from outbox.core.errors import DatabaseError, EntraTokenError, describe
 from outbox.core.models import Delivered, LeasedMessage, Recorded
 from outbox.core.outcomes import attempt_facts
-from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES, Settings
+from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES, WAKEUP_CHANNEL, Settings
 from outbox.store import entra
 
 # asyncpg ships no type information; a connection or a pool both offer fetch/execute.
@@ -60,6 +61,8 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InsufficientResourcesError,
 )
+
+logger = logging.getLogger("outbox.store")
 
 
 def database_boundary(
@@ -173,6 +176,12 @@ def insert_message(
     ``generated_id``: the id is a random UUID just made, so no conflict is looked for."""
     name = "insert_new_message" if generated_id else "insert_message"
     return Statement(name, (message_id, event_type, payload, ordering_key, trace_context))
+
+
+def wakeup_statement() -> Statement:
+    """The wake-up NOTIFY (OUTBOX_WAKEUP=postgres), for a producer's driver to send after its
+    commit; it returns a row."""
+    return Statement("notify_wakeup", ())
 
 
 def claim_inbox(webhook_id: str) -> Statement:
@@ -292,6 +301,40 @@ async def endpoints_tried(
     """The endpoints each message was sent to, by its attempt history; absent: none recorded."""
     rows = await conn.fetch(QUERIES["endpoints_tried"], list(message_ids))
     return {row["outbox_message_id"]: frozenset(row["endpoints"]) for row in rows}
+
+
+async def notify_wakeup(conn: Connection) -> bool:
+    """One wake-up NOTIFY (OUTBOX_WAKEUP=postgres), sent at once where ``conn`` is a pool or a
+    connection outside a transaction. Never raises: a lost wake-up is a warning (the row is
+    safe; a timer or the sweep takes it); returns whether it was sent."""
+    try:
+        await conn.execute(QUERIES["notify_wakeup"])
+    except (*TRANSIENT_ERRORS, asyncpg.PostgresError, OSError) as exc:
+        logger.warning("outbox wake-up NOTIFY not sent (the row is safe): %s", type(exc).__name__)
+        return False
+    return True
+
+
+@database_boundary
+async def listen_for_wakeups(
+    url: str, on_wakeup: Callable[[], None], on_lost: Callable[[], None]
+) -> Connection:
+    """A connection of its own LISTENing on the wake-up channel: ``on_wakeup`` at each
+    notification, ``on_lost`` when the connection ends. Close it when done."""
+    conn = await asyncpg.connect(url, command_timeout=COMMAND_TIMEOUT_SECONDS)
+    try:
+        conn.add_termination_listener(lambda _conn: on_lost())
+        await conn.add_listener(WAKEUP_CHANNEL, lambda *_: on_wakeup())
+    except BaseException:
+        conn.terminate()
+        raise
+    return conn
+
+
+@database_boundary
+async def ping(conn: Connection) -> None:
+    """Nothing, or DatabaseError where ``conn`` no longer answers."""
+    await conn.execute(QUERIES["ping"])
 
 
 @database_boundary

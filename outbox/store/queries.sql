@@ -599,6 +599,16 @@ WHERE m.outbox_message_id = wait_over.outbox_message_id
   AND m.next_attempt_at = 'infinity'
 RETURNING m.outbox_message_id;
 
+-- notify_wakeup --
+-- A wake-up over PostgreSQL (OUTBOX_WAKEUP=postgres): each `outbox serve` LISTENing drains. Sent
+-- after the business transaction's commit, in a transaction of its own:
+-- docs/performance.md#wake-ups-over-postgresql
+SELECT pg_notify('outbox_wakeup', '');
+
+-- ping --
+-- Whether a connection still answers (the LISTENing one of OUTBOX_WAKEUP=postgres, /readyz).
+SELECT 1;
+
 -- next_due_in --
 -- Seconds until the next Pending message comes due (a retry, a Retry-After), if one is waiting
 -- for a time to come; parked ones wait for another message, not a time. The first such row of

@@ -70,6 +70,35 @@ async def test_run_command_delivers_an_enqueued_event_and_stops_everything(tmp_p
     assert processes_mentioning(str(tmp_path)) == []
 
 
+@pytest.mark.slow
+async def test_run_command_without_azure_storage_wakes_over_postgres(
+    tmp_path: Path, database_url: str
+) -> None:
+    port = free_port()
+    env = {
+        "OUTBOX_LOCAL_DIR": str(tmp_path),
+        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_WAKEUP": "postgres",
+    }
+    run = await Child.start("outbox.local", "--port", str(port), env=env)
+    try:
+        await run.wait_for_line(r"serving 6 functions", timeout=120)
+        assert "PostgreSQL NOTIFY (OUTBOX_WAKEUP=postgres), no queue" in run.output
+        assert "Azurite" not in run.output
+        assert not processes_mentioning(str(tmp_path / "azurite"))
+
+        # Another shell: run.env carries OUTBOX_WAKEUP, so the commit's NOTIFY wakes the run.
+        enqueued = await run_cli("enqueue", "OrderCompleted", '{"orderId": 2}', env=env)
+        assert enqueued.returncode == 0, enqueued.stderr
+        output = json.loads(enqueued.stdout)
+        assert output["hint_sent"] is True
+        await run.wait_for_line(rf"received OrderCompleted {output['message_id']} ")
+        await run.wait_for_line(r"outbox\.drain trigger=notify .*processed=1")
+        assert await run.stop(signal.SIGINT) == 0
+    finally:
+        await run.kill()
+
+
 def run_command(
     folder: Path, port: int | None = None, **settings: str
 ) -> subprocess.CompletedProcess[str]:

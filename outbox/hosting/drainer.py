@@ -1,0 +1,133 @@
+"""``outbox serve``'s own drains: on its timer, and at each wake-up over PostgreSQL.
+
+The relay keeps the earliest time it wants a run (a backoff, a ``Retry-After``, a breaker's
+reopen, messages given back: ``WakeUps``). ``Drainer`` arms a timer for it and drains then,
+whether or not a queue is configured or reachable; with ``OUTBOX_WAKEUP=postgres`` it also
+drains at each ``NOTIFY`` that ``PostgresListener`` hears. One drain at a time: whatever wakes
+it during a drain makes one more drain after it, never one each (no drain storm).
+
+``PostgresListener`` keeps a connection of its own LISTENing. When the database goes away it
+connects again (every second at first, then less often, at most every ``RECONNECT_MAX_SECONDS``)
+and, once back, drains once: a notification sent while it was away is lost, not the row.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable
+
+from outbox import store
+from outbox.azure import triggers
+from outbox.azure.host import functions_host
+from outbox.core.errors import DatabaseError, describe
+from outbox.core.logs import Throttled
+from outbox.core.redact import Redactor
+
+logger = logging.getLogger("outbox.serve")
+
+# Without a time wanted, the timer looks again this often (a change wakes it at once anyway).
+IDLE_SECONDS = 60.0
+# How often the LISTENing connection is asked whether it still answers (a cut that sends no
+# FIN, a proxy that drops it, is found within this plus the command timeout).
+LISTEN_CHECK_SECONDS = 5.0
+RECONNECT_MAX_SECONDS = 10.0
+RECONNECT_LOG_INTERVAL_SECONDS = 60.0
+
+
+async def first_of(*waits: Awaitable[object], within: float | None) -> None:
+    """Until one of ``waits`` ends, or ``within`` seconds pass."""
+    tasks = [asyncio.ensure_future(wait) for wait in waits]
+    try:
+        await asyncio.wait(tasks, timeout=within, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Drainer:
+    """One drain at a time, when the relay's timer comes due or a wake-up arrives."""
+
+    def __init__(self, redact: Redactor | None = None) -> None:
+        self._redact = redact or Redactor([])
+        self._woken = asyncio.Event()
+        self.drains = 0
+
+    def wake(self) -> None:
+        """Drain as soon as the drain under way (if any) ends."""
+        self._woken.set()
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        wakeups = (await functions_host.relay()).wakeups
+        while not stopping.is_set():
+            wakeups.changed.clear()
+            due_in = wakeups.due_in(time.monotonic())
+            if not self._woken.is_set() and (due_in is None or due_in > 0):
+                timeout = IDLE_SECONDS if due_in is None else due_in
+                await first_of(
+                    stopping.wait(), wakeups.changed.wait(), self._woken.wait(), within=timeout
+                )
+            if stopping.is_set():
+                return
+            woken = self._woken.is_set()
+            self._woken.clear()
+            if wakeups.take_due(time.monotonic()) or woken:
+                await self._drain("notify" if woken else "due")
+
+    async def _drain(self, trigger: str) -> None:
+        self.drains += 1
+        try:
+            await triggers.drain(trigger, until_caught_up=True)
+        except Exception as exc:  # noqa: BLE001 - like a timer's failure: the next wake-up tries
+            logger.error("%s drain failed: %s", trigger, self._redact(describe(exc)))
+
+
+class PostgresListener:
+    """LISTENs for wake-ups on a connection of its own, and connects again when it is lost."""
+
+    def __init__(self, url: str, drainer: Drainer) -> None:
+        self._url = url
+        self._drainer = drainer
+        self._throttled = Throttled(logger, RECONNECT_LOG_INTERVAL_SECONDS)
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        delay = 1.0
+        troubled = False
+        while not stopping.is_set():
+            lost = asyncio.Event()
+            try:
+                conn = await store.listen_for_wakeups(self._url, self._drainer.wake, lost.set)
+            except DatabaseError as exc:
+                self._throttled(f"wake-ups: cannot LISTEN ({exc.kind}); trying again")
+                troubled = True
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopping.wait(), delay)
+                delay = min(delay * 2, RECONNECT_MAX_SECONDS)
+                continue
+            delay = 1.0
+            if troubled:
+                logger.info("wake-ups: listening again; draining what came meanwhile")
+                self._drainer.wake()
+            troubled = True  # from now on, any new connection follows a lost one
+            try:
+                await self._watch(conn, lost, stopping)
+            finally:
+                conn.terminate()
+
+    async def _watch(
+        self, conn: store.Connection, lost: asyncio.Event, stopping: asyncio.Event
+    ) -> None:
+        while not (stopping.is_set() or lost.is_set()):
+            await first_of(stopping.wait(), lost.wait(), within=LISTEN_CHECK_SECONDS)
+            if stopping.is_set() or lost.is_set():
+                break
+            try:
+                await store.ping(conn)
+            except DatabaseError as exc:
+                logger.warning("wake-ups: the LISTENing connection is lost (%s)", exc.kind)
+                return
+        if lost.is_set() and not stopping.is_set():
+            logger.warning("wake-ups: the LISTENing connection is lost")
