@@ -46,7 +46,7 @@ class Relay(Closeable):
             relay_store=self.store,
         )
         # When the next run is wanted, and the hints (queue or NOTIFY) that wake one then.
-        self.wakeups = WakeUps(settings, pool)
+        self.wakeups = WakeUps(settings, self.store)
 
     async def drain(
         self,

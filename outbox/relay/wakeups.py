@@ -52,10 +52,12 @@ class WakeUps(Closeable):
     """The process's wake-up hints (its queue client, the delayed hints it has sent) and the
     earliest time it wants a run."""
 
-    def __init__(self, settings: QueueSettings, pool: store.Connection | None = None) -> None:
-        """``pool``: where ``OUTBOX_WAKEUP=postgres`` sends its NOTIFY."""
+    def __init__(
+        self, settings: QueueSettings, relay_store: store.RelayStore | None = None
+    ) -> None:
+        """``relay_store``: where ``OUTBOX_WAKEUP=postgres`` sends its NOTIFY."""
         self._settings = settings
-        self._pool = pool if settings.wakes_by_postgres else None
+        self._notifier = relay_store if settings.wakes_by_postgres else None
         self._uses_queue = settings.has_queue and not settings.wakes_by_postgres
         self._queue: WakeUpQueue | None = None
         # When each delayed hint this process sent becomes visible (monotonic), until then.
@@ -108,8 +110,8 @@ class WakeUps(Closeable):
         """One hint, visible at once (requeued messages, messages given back): a NOTIFY with
         ``OUTBOX_WAKEUP=postgres``, else a queue message where a queue is configured."""
         self._arm(time.monotonic())
-        if self._pool is not None:
-            return await store.notify_wakeup(self._pool)
+        if self._notifier is not None:
+            return await self._notifier.notify_wakeup()
         return await self._queue_client().notify() if self._uses_queue else False
 
     async def wake_in(self, seconds: float) -> bool:

@@ -73,6 +73,11 @@ class RelayStore(Protocol):
         """Seconds until the next Pending message comes due, if one waits for a time."""
         ...
 
+    def notify_wakeup(self) -> Awaitable[bool]:
+        """One wake-up to every listening relay (OUTBOX_WAKEUP=postgres): whether it was sent.
+        Never raises: a lost wake-up is a warning, the row is safe."""
+        ...
+
     def endpoint_failed(
         self,
         key: Key,

@@ -101,6 +101,8 @@ class MemoryStore:
     failing: DatabaseError | None = None
     # Each call's name, in order (what the relay asked).
     calls: list[str] = field(default_factory=list)
+    # Wake-ups sent (notify_wakeup): the NOTIFYs a listening relay would have heard.
+    wakeups_sent: int = 0
     _seq: int = field(default=0, init=False, repr=False)  # the ordering sequence
 
     def add(
@@ -358,6 +360,14 @@ class MemoryStore:
                 first.next_attempt_at = now
                 released += 1
         return released
+
+    async def notify_wakeup(self) -> bool:
+        try:
+            self._call("notify_wakeup")
+        except DatabaseError:
+            return False
+        self.wakeups_sent += 1
+        return True
 
     async def next_due_in(self) -> float | None:
         now = self._call("next_due_in")

@@ -850,6 +850,9 @@ class PostgresStore:
     def next_due_in(self) -> Coroutine[Any, Any, float | None]:
         return next_due_in(self.pool)
 
+    def notify_wakeup(self) -> Coroutine[Any, Any, bool]:
+        return notify_wakeup(self.pool)
+
     def endpoint_failed(
         self,
         key: tuple[str, str],

@@ -307,3 +307,7 @@ async def test_an_open_breaker_leaves_messages_that_wait_for_another_endpoint(
     due_in = (await harness.row(message_id)).due_in
     assert due_in is not None
     assert due_in <= 0
+
+
+async def test_a_wake_up_is_sent(harness: Harness) -> None:
+    assert await harness.store.notify_wakeup() is True

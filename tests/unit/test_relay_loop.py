@@ -286,3 +286,12 @@ async def test_a_message_leased_by_a_relay_that_died_waits_for_its_lease_to_expi
     summary = await processor.execute()
     assert summary.processed == 1
     assert memory.messages[message_id].attempt_count == 2
+
+
+async def test_a_wake_up_the_store_cannot_send_is_no_error() -> None:
+    memory = MemoryStore()
+    memory.failing = DatabaseError("ConnectionRefusedError: gone", transient=True, kind="X")
+    assert await memory.notify_wakeup() is False
+    memory.failing = None
+    assert await memory.notify_wakeup() is True
+    assert memory.wakeups_sent == 1
