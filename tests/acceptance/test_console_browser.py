@@ -162,6 +162,12 @@ async def test_pause_holds_one_endpoint_while_the_other_receives_and_resume_deli
         await run_cli("enqueue", "OrderCompleted", json.dumps({"order": number}), env=console_env)
     await receiver.wait_for(2, path="/billing", timeout=60)
     assert receiver.to("/shipping") == []
+
+    # The receiver answers before the outcome is written: wait for the two attempts' rows.
+    async def both_recorded() -> bool:
+        return await db.fetchval("SELECT count(*) FROM outbox_attempts") >= 2
+
+    await eventually(both_recorded, timeout=60)
     attempts = await db.fetch("SELECT DISTINCT endpoint FROM outbox_attempts")
     assert [r["endpoint"] for r in attempts] == ["billing"]  # the pause spent no attempt
     await page.click("#resume-button")

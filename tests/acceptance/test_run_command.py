@@ -82,7 +82,7 @@ async def test_run_command_without_azure_storage_wakes_over_postgres(
     }
     run = await Child.start("outbox.local", "--port", str(port), env=env)
     try:
-        await run.wait_for_line(r"serving 6 functions", timeout=120)
+        await run.wait_for_line(r"serving 14 functions", timeout=120)
         assert "PostgreSQL NOTIFY (OUTBOX_WAKEUP=postgres), no queue" in run.output
         assert "Azurite" not in run.output
         assert not processes_mentioning(str(tmp_path / "azurite"))

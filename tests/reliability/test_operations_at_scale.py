@@ -69,6 +69,7 @@ async def test_requeue_pages_rows_sharing_one_created_at_without_sorting_them(db
             *middle,
             1000,
             None,
+            None,
         )
     finally:
         await transaction.rollback()
