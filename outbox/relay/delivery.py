@@ -5,7 +5,8 @@ only if the relay is not stopping, its batch still takes deliveries, the run's b
 spent, its lease outlasts its timeout, and its endpoint's breaker lets it (or it claims the
 breaker's probe). It then waits for one of the process's delivery slots, checks the same again if
 time passed, sends, and tells the breaker the answer; what the breaker's book decides to persist,
-its writer writes (``outbox.relay.breaker_store``).
+its writer writes (``outbox.relay.breaker_store``), and the endpoint's adaptive limit of requests
+in flight follows the answer (``outbox.relay.limits``).
 
 Fast paths (docs/performance.md):
 - Telemetry off: with no OpenTelemetry SDK the delivery makes no span and counts nothing: it
@@ -155,6 +156,7 @@ class Deliverer:
                 result = await self._deliver(delivery.message, delivery.endpoint)
                 took, trace = time.monotonic() - started, None
                 self._admission.finished(took)
+            self._endpoint_slots.answered(delivery.key, result, took, started + took)
         finally:
             self._slots.give_back()
         return Attempt(result, now, round(took * 1000), trace)
