@@ -49,6 +49,7 @@ class Options:
     pgq_max_tasks: int = 0
     pgq_entrypoint_limit: int = 0
     profile_dir: str | None = None
+    path: str = "/hook"  # the receiver's path: ``/slow/100`` for a receiver taking 100 ms
 
 
 @dataclass
@@ -176,7 +177,7 @@ async def run_one(
         try:
             start = await wal_lsn(conn)
             meter = CpuMeter(receiver.pid)
-            worker = run_worker(contender, receiver.url(), db.url, options)
+            worker = run_worker(contender, receiver.url(options.path), db.url, options)
             cpu = {"worker": worker["cpu_seconds"], **meter.stop()}
             end = await wal_lsn(conn)
             wal["drain"] = await wal_bytes(conn, start, end)
