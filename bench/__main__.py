@@ -10,6 +10,9 @@ Figures, each repeated and reported as a median:
 - slow: one relay process against receivers answering in 100 ms (fixed, and lognormal around
   it) against the same process and the instant receiver, per round in random order: the ratio
   of rates per round (median and spread), and peak RSS;
+- pushback: a receiver that takes 20 requests at once and answers 429 with Retry-After to any
+  more, beside one that takes all: its 429s per request taken, and the other's time beside it
+  against alone;
 - memory: the relay's peak RSS draining a 100k backlog;
 - isolation: 200 messages for a healthy endpoint behind 1,000 for one that never answers;
 - beside: 500 for a healthy endpoint beside 5,000 for a blackholed one (timeout 10 s): the healthy
@@ -50,6 +53,7 @@ PHASES = (
     "throughput",
     "latency",
     "slow",
+    "pushback",
     "scale",
     "memory",
     "isolation",
@@ -65,6 +69,7 @@ SMOKE = {
     "latency_runs": 1,
     "slow_messages": 300,
     "slow_runs": 1,
+    "pushback_messages": 100,
     "scale_small": 2_000,
     "scale_large": 20_000,
     "scale_failed": 2_000,
@@ -106,7 +111,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--latency-messages", type=int, default=2_000)
     add("--latency-runs", type=int, default=5)
     add("--slow-messages", type=int, default=10_000, help="messages per slow-receiver run")
-    add("--slow-runs", type=int, default=3, help="rounds of the slow-receiver section")
+    add("--slow-runs", type=int, default=3, help="rounds of the slow and push-back sections")
+    add("--pushback-messages", type=int, default=2_000, help="per endpoint, push-back figure")
     add("--scale-small", type=int, default=10_000)
     add("--scale-large", type=int, default=1_000_000)
     add("--scale-failed", type=int, default=100_000)
@@ -173,6 +179,10 @@ async def delivery_phases(
     if "slow" not in skip:
         results["slow"] = await slow.measure(
             receiver, messages=args.slow_messages, runs=args.slow_runs
+        )
+    if "pushback" not in skip:
+        results["pushback"] = await slow.measure_pushback(
+            receiver, messages=args.pushback_messages, runs=args.slow_runs
         )
     if "memory" not in skip:
         results["memory"] = await memory.measure(
