@@ -501,6 +501,12 @@ def table(doc: dict[str, Any]) -> str:
         "lease_held_vs_none": "lease time, with ÷ without rows behind held keys",
         "relay_peak_rss_mb": "relay peak RSS (MB)",
         "healthy_behind_dead_seconds": "healthy endpoint's messages behind a dead one (s)",
+        "slow_100ms_rate": "relay msg/s, receiver answering in 100 ms",
+        "lognormal_100ms_rate": "relay msg/s, receiver lognormal around 100 ms",
+        "slow_100ms_vs_instant": "100 ms receiver ÷ instant receiver, same process, per round",
+        "lognormal_100ms_vs_instant": "lognormal receiver ÷ instant receiver, per round",
+        "slow_peak_rss_mb": "relay peak RSS against slow receivers (MB)",
+        "pushback_refused_per_accepted": "429s per request taken, receiver limited to 20 at once",
     }
     for key, label in names.items():
         if key in verdicts:
