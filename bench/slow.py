@@ -54,7 +54,11 @@ async def measure(
         for name in names:
             options = Options(messages=messages, concurrency=concurrency, path=RECEIVERS[name])
             run = await run_one("relay", round_, receiver, options)
-            results[name] = {"rate": run.rate, "peak_rss_mb": run.peak_rss_mb}
+            results[name] = {
+                "rate": run.rate,
+                "peak_rss_mb": run.peak_rss_mb,
+                "worker_cpu_us_per_message": round(run.cpu_seconds["worker"] / messages * 1e6, 1),
+            }
         log(f"slow receivers round {round_} ({', '.join(names)}): {results}")
         rounds.append(results)
     return summarise(rounds, concurrency, messages)
@@ -74,6 +78,10 @@ def summarise(
         "rounds": rounds,
         "median_rate": {n: median([r[n]["rate"] for r in rounds]) for n in RECEIVERS},
         "peak_rss_mb_max": max(r[n]["peak_rss_mb"] for r in rounds for n in RECEIVERS),
+        # The relay process's CPU per message: what more requests in flight cost it.
+        "worker_cpu_us_per_message": {
+            n: median([r[n]["worker_cpu_us_per_message"] for r in rounds]) for n in RECEIVERS
+        },
         "ratio_to_instant": {
             name: {"median": round(median(values), 3), "low": min(values), "high": max(values)}
             for name, values in ratios.items()
