@@ -91,7 +91,7 @@ class Deliverer:
             delivery = work.take_now() or await work.take()
             attempt: Attempt | BaseException | None = None
             try:
-                attempt = await self._attempt(delivery)
+                attempt = await self._attempt(delivery, work)
             except Exception as exc:  # noqa: BLE001 - unexpected: becomes this delivery's outcome
                 attempt = exc
             except asyncio.CancelledError as exc:
@@ -104,13 +104,14 @@ class Deliverer:
                 # was sent, or releases it if it was not.
                 delivery.batch.settle(delivery, attempt)
 
-    async def _attempt(self, delivery: Delivery) -> Attempt:
+    async def _attempt(self, delivery: Delivery, work: Dispatch) -> Attempt:
         key = delivery.key
         self._endpoint_slots.take(key)
         try:
             return await self._attempt_in_turn(delivery)
         finally:
-            self._endpoint_slots.give_back(key)
+            # This loop looks for its next delivery at once: its own run's loops need no wake.
+            self._endpoint_slots.give_back(key, work)
 
     async def _attempt_in_turn(self, delivery: Delivery) -> Attempt:
         # Asked before waiting for a slot too: the slots are shared with the process's other

@@ -10,7 +10,8 @@ Fast paths (docs/performance.md § "The relay's own CPU", its table of changes):
   without a coroutine"); ``take`` awaits only when nothing can be taken.
 - ``wake``: idle loops are not woken while nothing waits ("idle loops not woken while nothing
   waits"), and then only as many as may take a delivery: each idle loop waits on its own
-  future, not on one event that wakes them all (a run may have hundreds of loops).
+  future, not on one event that wakes them all (a run may have hundreds of loops); the room a
+  finished request leaves wakes no loop of its own run, whose loop looks at once.
 """
 
 from __future__ import annotations
@@ -183,16 +184,24 @@ class EndpointSlots:
     def take(self, key: Key) -> None:
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
 
-    def give_back(self, key: Key) -> None:
+    def give_back(self, key: Key, taker: Dispatch | None = None) -> None:
+        """A request to ``key`` ended; ``taker``: the dispatch whose loop gives it back and looks
+        for its next delivery at once (none of its idle loops needs waking for this room)."""
         self._in_flight[key] -= 1
         for dispatch in self.listeners:
-            dispatch.wake()
+            if dispatch is not taker:
+                dispatch.wake()
 
     def answered(self, key: Key, result: DeliveryResult, seconds: float, now: float) -> None:
         """A request to ``key`` came back: its limit follows the answer (``relay.limits``)."""
         limit = self._limits.get(key)
-        if limit is not None:
-            limit.answered(result, seconds, now)
+        if limit is None:
+            return
+        before = limit.limit
+        limit.answered(result, seconds, now)
+        if math.ceil(limit.limit) > math.ceil(before):  # room for one more: a loop may take it
+            for dispatch in self.listeners:
+                dispatch.wake()
 
     def limit(self, key: Key) -> float:
         """``key``'s limit of requests in flight now."""
