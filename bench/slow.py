@@ -144,7 +144,7 @@ async def _pushback_run(
             settings = relay_settings(
                 db.url, receiver.url(), default_concurrency(), webhooks=webhooks
             )
-            logging.getLogger("outbox").setLevel(logging.WARNING)  # not a line per 429
+            logging.getLogger("outbox").setLevel(logging.ERROR)  # not a warning per 429
             steady_seconds = 0.0
             started = time.monotonic()
             async with await Relay.open(settings) as relay:
