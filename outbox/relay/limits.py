@@ -6,9 +6,11 @@ its limit of them. The limit starts at ``INITIAL_LIMIT`` (never above the endpoi
 congestion window follows a path (additive increase, multiplicative decrease):
 
 - an answer below 500 other than 429, while the endpoint's smoothed latency holds (within
-  ``LATENCY_TOLERANCE`` of the lowest it has been), raises the limit: by one per answer until
-  the first overload (it doubles every round trip), then by one per round trip (``1/limit``
-  per answer);
+  ``LATENCY_TOLERANCE`` of its baseline), raises the limit: by one per answer until the first
+  overload (it doubles every round trip), then by one per round trip (``1/limit`` per answer).
+  The baseline is the lowest smoothed latency, drifting up slowly (``BASELINE_DRIFT`` per
+  answer) toward the latency now: a latency that rose for good, or a minimum that was only
+  noise, stops the growth for a while, never for ever;
 - an overload (429, 502, 503, 504, a timeout or a connection error) halves it, at most once per
   round trip (the answers to requests sent before the halving say nothing new), never below 1;
 - any other answer (500, …) leaves it as it is.
@@ -29,6 +31,8 @@ INITIAL_LIMIT = 16
 LATENCY_TOLERANCE = 2.0
 # How much of each answer's latency the smoothed latency takes in.
 LATENCY_WEIGHT = 0.1
+# How much of the distance to the smoothed latency the baseline moves up per answer.
+BASELINE_DRIFT = 0.01
 # What an overload leaves of the limit.
 DECREASE = 0.5
 # Answers that say the endpoint has more than it can take.
@@ -45,7 +49,7 @@ class AdaptiveLimit:
         self.limit = float(min(INITIAL_LIMIT, ceiling))
         self._threshold = float(ceiling)  # below it, the limit grows by one per answer
         self._latency: float | None = None  # smoothed, seconds
-        self._best: float | None = None  # the lowest smoothed latency seen
+        self._best: float | None = None  # the baseline: the lowest smoothed latency, drifting
         self._calm_until = 0.0  # monotonic: overloads before this are the same overload
 
     def allows(self, in_flight: int) -> bool:
@@ -69,7 +73,10 @@ class AdaptiveLimit:
         self._latency = latency
         best = self._best
         if best is None or latency < best:
-            self._best = best = latency
+            best = latency
+        else:
+            best += BASELINE_DRIFT * (latency - best)
+        self._best = best
         if latency > LATENCY_TOLERANCE * best or self.limit >= self.ceiling:
             return
         step = 1.0 if self.limit < self._threshold else 1.0 / self.limit

@@ -52,9 +52,12 @@ def test_a_rising_latency_stops_its_growth() -> None:
     for _ in range(4):
         limit.answered(OK, 0.01, 0.0)
     grown = limit.limit
-    for _ in range(200):
+    for _ in range(50):
         limit.answered(OK, 1.0, 0.0)  # a hundred times slower than it was
     assert limit.limit <= grown + 1  # the smoothed latency doubled at once: no more growth
+    for _ in range(200):
+        limit.answered(OK, 1.0, 0.0)
+    assert limit.limit > grown + 1  # the baseline caught up with the new latency: it grows again
 
 
 def test_other_answers_leave_it_alone() -> None:
