@@ -7,6 +7,12 @@ Figures, each repeated and reported as a median:
 - latency: commit → webhook received at a steady offered load, one drain per wake-up hint;
 - scale: the lease statement with 10k and with 1M finished rows, and its plan; and with 1M rows
   waiting behind 1,000 held ordering keys;
+- slow: one relay process against receivers answering in 100 ms (fixed, and lognormal around
+  it) against the same process and the instant receiver, per round in random order: the ratio
+  of rates per round (median and spread), and peak RSS;
+- pushback: a receiver that takes 20 requests at once and answers 429 with Retry-After to any
+  more, beside one that takes all: its 429s per request taken, and the other's time beside it
+  against alone;
 - memory: the relay's peak RSS draining a 100k backlog;
 - isolation: 200 messages for a healthy endpoint behind 1,000 for one that never answers;
 - beside: 500 for a healthy endpoint beside 5,000 for a blackholed one (timeout 10 s): the healthy
@@ -30,12 +36,24 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench import dbcost, instructions, isolation, latency, memory, report, scale, throughput
+from bench import (
+    dbcost,
+    instructions,
+    isolation,
+    latency,
+    memory,
+    report,
+    scale,
+    slow,
+    throughput,
+)
 from bench.common import ReceiverProcess, admin_dsn, log
 
 PHASES = (
     "throughput",
     "latency",
+    "slow",
+    "pushback",
     "scale",
     "memory",
     "isolation",
@@ -49,6 +67,9 @@ SMOKE = {
     "rounds": 1,
     "latency_messages": 60,
     "latency_runs": 1,
+    "slow_messages": 300,
+    "slow_runs": 1,
+    "pushback_messages": 100,
     "scale_small": 2_000,
     "scale_large": 20_000,
     "scale_failed": 2_000,
@@ -89,6 +110,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--latency-rate", type=float, default=200.0, help="offered load, messages per second")
     add("--latency-messages", type=int, default=2_000)
     add("--latency-runs", type=int, default=5)
+    add("--slow-messages", type=int, default=10_000, help="messages per slow-receiver run")
+    add("--slow-runs", type=int, default=3, help="rounds of the slow and push-back sections")
+    add("--pushback-messages", type=int, default=2_000, help="per endpoint, push-back figure")
     add("--scale-small", type=int, default=10_000)
     add("--scale-large", type=int, default=1_000_000)
     add("--scale-failed", type=int, default=100_000)
@@ -130,71 +154,97 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+async def delivery_phases(
+    args: argparse.Namespace, skip: set[str], receiver: ReceiverProcess
+) -> dict[str, Any]:
+    """Throughput, latency, slow receivers, memory."""
+    results: dict[str, Any] = {}
+    if "throughput" not in skip:
+        options = throughput.Options(
+            messages=args.messages,
+            concurrency=args.concurrency,
+            pgq_max_tasks=args.pgq_max_tasks,
+        )
+        contenders = tuple(args.contenders.split(","))
+        runs = await throughput.measure(receiver, options, args.rounds, contenders)
+        results["throughput"] = report.summarise_throughput(runs)
+    if "latency" not in skip:
+        results["latency"] = await latency.measure(
+            receiver,
+            messages=args.latency_messages,
+            rate=args.latency_rate,
+            runs=args.latency_runs,
+            concurrency=args.concurrency,
+        )
+    if "slow" not in skip:
+        results["slow"] = await slow.measure(
+            receiver, messages=args.slow_messages, runs=args.slow_runs
+        )
+    if "pushback" not in skip:
+        results["pushback"] = await slow.measure_pushback(
+            receiver, messages=args.pushback_messages, runs=args.slow_runs
+        )
+    if "memory" not in skip:
+        results["memory"] = await memory.measure(
+            receiver,
+            messages=args.memory_messages,
+            runs=args.memory_runs,
+            concurrency=args.concurrency,
+        )
+    return results
+
+
+async def cost_phases(
+    args: argparse.Namespace, skip: set[str], receiver: ReceiverProcess
+) -> dict[str, Any]:
+    """Isolation, beside, scale-out, fan-out, instructions."""
+    results: dict[str, Any] = {}
+    if "isolation" not in skip:
+        results["isolation"] = await isolation.measure(
+            receiver,
+            dead=args.isolation_dead,
+            healthy=args.isolation_healthy,
+            http_timeout=args.isolation_timeout,
+            runs=args.isolation_runs,
+            concurrency=args.concurrency,
+        )
+    if "beside" not in skip:
+        results["beside"] = await isolation.measure_beside(
+            receiver,
+            dead=args.beside_dead,
+            healthy=args.beside_healthy,
+            http_timeout=args.beside_timeout,
+            runs=args.beside_runs,
+            concurrency=args.concurrency,
+        )
+    if "scaleout" not in skip:
+        results["scaleout"] = await dbcost.measure_scaleout(
+            receiver,
+            messages=args.scaleout_messages,
+            relays=args.scaleout_relays,
+            runs=args.scaleout_runs,
+            concurrency=args.concurrency,
+        )
+    if "fanout" not in skip:
+        results["fanout"] = await dbcost.measure_fanout(
+            receiver,
+            messages=args.fanout_messages,
+            runs=args.fanout_runs,
+            concurrency=args.concurrency,
+        )
+    if "instructions" not in skip:
+        results["instructions"] = await instructions.measure(
+            receiver, small=args.instructions_small, large=args.instructions_large
+        )
+    return results
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     skip = {phase for phase in args.skip.split(",") if phase}
     results: dict[str, Any] = {}
     with ReceiverProcess() as receiver:
-        if "throughput" not in skip:
-            options = throughput.Options(
-                messages=args.messages,
-                concurrency=args.concurrency,
-                pgq_max_tasks=args.pgq_max_tasks,
-            )
-            contenders = tuple(args.contenders.split(","))
-            runs = await throughput.measure(receiver, options, args.rounds, contenders)
-            results["throughput"] = report.summarise_throughput(runs)
-        if "latency" not in skip:
-            results["latency"] = await latency.measure(
-                receiver,
-                messages=args.latency_messages,
-                rate=args.latency_rate,
-                runs=args.latency_runs,
-                concurrency=args.concurrency,
-            )
-        if "memory" not in skip:
-            results["memory"] = await memory.measure(
-                receiver,
-                messages=args.memory_messages,
-                runs=args.memory_runs,
-                concurrency=args.concurrency,
-            )
-        if "isolation" not in skip:
-            results["isolation"] = await isolation.measure(
-                receiver,
-                dead=args.isolation_dead,
-                healthy=args.isolation_healthy,
-                http_timeout=args.isolation_timeout,
-                runs=args.isolation_runs,
-                concurrency=args.concurrency,
-            )
-        if "beside" not in skip:
-            results["beside"] = await isolation.measure_beside(
-                receiver,
-                dead=args.beside_dead,
-                healthy=args.beside_healthy,
-                http_timeout=args.beside_timeout,
-                runs=args.beside_runs,
-                concurrency=args.concurrency,
-            )
-        if "scaleout" not in skip:
-            results["scaleout"] = await dbcost.measure_scaleout(
-                receiver,
-                messages=args.scaleout_messages,
-                relays=args.scaleout_relays,
-                runs=args.scaleout_runs,
-                concurrency=args.concurrency,
-            )
-        if "fanout" not in skip:
-            results["fanout"] = await dbcost.measure_fanout(
-                receiver,
-                messages=args.fanout_messages,
-                runs=args.fanout_runs,
-                concurrency=args.concurrency,
-            )
-        if "instructions" not in skip:
-            results["instructions"] = await instructions.measure(
-                receiver, small=args.instructions_small, large=args.instructions_large
-            )
+        results.update(await delivery_phases(args, skip, receiver))
+        results.update(await cost_phases(args, skip, receiver))
     if "scale" not in skip:
         results["scale"] = await scale.measure(
             small=args.scale_small,

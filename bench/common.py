@@ -181,6 +181,8 @@ class ReceiverStats:
     first: float
     last: float
     latencies: list[float]
+    max_in_flight: int = 0
+    refused: int = 0
 
 
 class ReceiverProcess:

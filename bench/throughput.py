@@ -14,6 +14,7 @@ the drain's WAL by record type (``pg_waldump --stats=record``) comes with it.
 from __future__ import annotations
 
 import json
+import random
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -49,6 +50,7 @@ class Options:
     pgq_max_tasks: int = 0
     pgq_entrypoint_limit: int = 0
     profile_dir: str | None = None
+    path: str = "/hook"  # the receiver's path: ``/slow/100`` for a receiver taking 100 ms
 
 
 @dataclass
@@ -176,7 +178,7 @@ async def run_one(
         try:
             start = await wal_lsn(conn)
             meter = CpuMeter(receiver.pid)
-            worker = run_worker(contender, receiver.url(), db.url, options)
+            worker = run_worker(contender, receiver.url(options.path), db.url, options)
             cpu = {"worker": worker["cpu_seconds"], **meter.stop()}
             end = await wal_lsn(conn)
             wal["drain"] = await wal_bytes(conn, start, end)
@@ -222,9 +224,14 @@ async def run_one(
 async def measure(
     receiver: ReceiverProcess, options: Options, rounds: int, contenders: tuple[str, ...]
 ) -> list[dict[str, Any]]:
-    """``rounds`` rounds, each running every contender once (interleaved against drift)."""
+    """``rounds`` rounds, each running every contender once (interleaved against drift), in an
+    order drawn at random per round (no contender always runs first, after the fresh server)."""
     results = []
+    order = random.Random()
     for round_ in range(1, rounds + 1):
-        for contender in contenders:
+        shuffled = list(contenders)
+        order.shuffle(shuffled)
+        log(f"throughput round {round_}: {', '.join(shuffled)}")
+        for contender in shuffled:
             results.append(asdict(await run_one(contender, round_, receiver, options)))
     return results

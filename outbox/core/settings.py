@@ -336,7 +336,7 @@ class Settings(QueueSettings):
     lease_seconds: float = Field(default=60.0, ge=1, le=3600)
     max_attempts: int = Field(default=10, ge=1, le=100)
     http_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
-    concurrency: int = Field(default=16, ge=1, le=256)
+    concurrency: int = Field(default=512, ge=1, le=4096)
     run_budget_seconds: float = Field(default=240.0, gt=0, le=3600)
     max_payload_bytes: PayloadLimit = DEFAULT_MAX_PAYLOAD_BYTES
     db_pool_size: int = Field(default=4, ge=2, le=100)

@@ -5,7 +5,9 @@ drains at once). A message that cannot start before its run's budget ends, or be
 is too short, is given back and leased again later: with many runs, or a slow receiver, leasing
 more than can start only turns in circles. So a run leases at most what the slots can start, at
 the pace the process's recent requests took, before the earlier of its budget's end and the
-lease's last start time, less what already waits.
+lease's last start time, less what already waits; and never more than ``max_waiting`` leased
+messages wait for a slot in the whole process (the memory bound: ``lease.max_waiting``, twice
+``OUTBOX_CONCURRENCY`` or one batch, whichever is larger).
 
 Fast path (docs/performance.md § "The relay's own CPU", its table of changes): ``Slots`` is a
 semaphore whose free slot is taken without a coroutine ("a free delivery slot taken without a
@@ -30,8 +32,10 @@ PACE_WEIGHT = 0.2
 class Admission:
     """The process's count of leased messages waiting for a slot, and its pace of requests."""
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, max_waiting: float | None = None) -> None:
         self.concurrency = concurrency
+        # Leased messages the process lets wait for a slot at most (leased, not yet sent).
+        self.max_waiting = math.inf if max_waiting is None else max_waiting
         self.waiting = 0
         # Seconds per request, smoothed; None until the first one has finished.
         self.pace: float | None = None
@@ -58,7 +62,9 @@ class Admission:
         if self.pace is None:  # no request has finished yet: one batch, to learn the pace
             return 0 if ahead else batch_size
         startable = self.concurrency * within / max(self.pace, MIN_PACE_SECONDS)
-        return max(0, min(batch_size, math.floor(startable) - ahead))
+        # Bounded by what the whole process lets wait, whatever ``waiting`` leaves out.
+        bound = self.max_waiting - self.waiting
+        return max(0, min(batch_size, math.floor(startable) - ahead, int(min(bound, batch_size))))
 
     async def wait(self, until: float) -> None:
         """Let some of what waits start (about one request's time), at most ``until``."""

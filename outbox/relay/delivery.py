@@ -5,7 +5,8 @@ only if the relay is not stopping, its batch still takes deliveries, the run's b
 spent, its lease outlasts its timeout, and its endpoint's breaker lets it (or it claims the
 breaker's probe). It then waits for one of the process's delivery slots, checks the same again if
 time passed, sends, and tells the breaker the answer; what the breaker's book decides to persist,
-its writer writes (``outbox.relay.breaker_store``).
+its writer writes (``outbox.relay.breaker_store``), and the endpoint's adaptive limit of requests
+in flight follows the answer (``outbox.relay.limits``).
 
 Fast paths (docs/performance.md):
 - Telemetry off: with no OpenTelemetry SDK the delivery makes no span and counts nothing: it
@@ -90,7 +91,7 @@ class Deliverer:
             delivery = work.take_now() or await work.take()
             attempt: Attempt | BaseException | None = None
             try:
-                attempt = await self._attempt(delivery)
+                attempt = await self._attempt(delivery, work)
             except Exception as exc:  # noqa: BLE001 - unexpected: becomes this delivery's outcome
                 attempt = exc
             except asyncio.CancelledError as exc:
@@ -103,13 +104,14 @@ class Deliverer:
                 # was sent, or releases it if it was not.
                 delivery.batch.settle(delivery, attempt)
 
-    async def _attempt(self, delivery: Delivery) -> Attempt:
+    async def _attempt(self, delivery: Delivery, work: Dispatch) -> Attempt:
         key = delivery.key
         self._endpoint_slots.take(key)
         try:
             return await self._attempt_in_turn(delivery)
         finally:
-            self._endpoint_slots.give_back(key)
+            # This loop looks for its next delivery at once: its own run's loops need no wake.
+            self._endpoint_slots.give_back(key, work)
 
     async def _attempt_in_turn(self, delivery: Delivery) -> Attempt:
         # Asked before waiting for a slot too: the slots are shared with the process's other
@@ -155,6 +157,7 @@ class Deliverer:
                 result = await self._deliver(delivery.message, delivery.endpoint)
                 took, trace = time.monotonic() - started, None
                 self._admission.finished(took)
+            self._endpoint_slots.answered(delivery.key, result, took, started + took)
         finally:
             self._slots.give_back()
         return Attempt(result, now, round(took * 1000), trace)

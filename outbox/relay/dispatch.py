@@ -9,7 +9,9 @@ Fast paths (docs/performance.md § "The relay's own CPU", its table of changes):
 - ``take_now``: a loop takes a waiting delivery without a coroutine ("a loop takes waiting work
   without a coroutine"); ``take`` awaits only when nothing can be taken.
 - ``wake``: idle loops are not woken while nothing waits ("idle loops not woken while nothing
-  waits").
+  waits"), and then only as many as may take a delivery: each idle loop waits on its own
+  future, not on one event that wakes them all (a run may have hundreds of loops); the room a
+  finished request leaves wakes no loop of its own run, whose loop looks at once.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+from outbox.core.models import DeliveryResult
 from outbox.relay.batch import Delivery
 from outbox.relay.breakers import Key
+from outbox.relay.limits import AdaptiveLimit
 
 
 class Dispatch:
@@ -40,9 +44,10 @@ class Dispatch:
         self._waiting = waiting  # per endpoint, in every run's dispatch (``EndpointSlots``)
         self._queues: dict[Key, deque[Delivery]] = {}
         self._turn: deque[Key] = deque()  # endpoints with deliveries waiting, in turn
-        self._changed = asyncio.Event()
+        self._idle: deque[asyncio.Future[None]] = deque()  # loops waiting for a delivery
 
-    def put(self, delivery: Delivery) -> None:
+    def put(self, delivery: Delivery) -> bool:
+        """Queue ``delivery``; whether an idle loop was woken to take it."""
         key = delivery.key
         queue = self._queues.get(key)
         if queue is None:
@@ -51,13 +56,23 @@ class Dispatch:
             self._turn.append(key)
         queue.append(delivery)
         self._waiting[key] = self._waiting.get(key, 0) + 1
-        self._changed.set()
+        return self._signal(1) == 0
 
-    def wake(self) -> None:
-        """An endpoint may have room again: loops waiting for one with room look again (none
+    def wake(self, count: int = 1) -> None:
+        """Room for ``count`` more requests may have come: as many idle loops look again (none
         need to while no delivery waits)."""
         if self._turn:
-            self._changed.set()
+            self._signal(count)
+
+    def _signal(self, count: int) -> int:
+        """Wake up to ``count`` idle loops; how many of the ``count`` found none."""
+        idle = self._idle
+        while count and idle:
+            waiter = idle.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                count -= 1
+        return count
 
     def take_now(self) -> Delivery | None:
         """The next delivery whose endpoint has room, if one waits."""
@@ -71,8 +86,14 @@ class Dispatch:
     async def take(self) -> Delivery:
         """The next delivery whose endpoint has room, once there is one."""
         while (delivery := self.take_now()) is None:
-            self._changed.clear()
-            await self._changed.wait()
+            waiter = asyncio.get_running_loop().create_future()
+            self._idle.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if not waiter.cancelled():  # woken as it was cancelled: wake another instead
+                    self._signal(1)
+                raise
         return delivery
 
     def _pop(self, key: Key) -> Delivery:
@@ -89,11 +110,15 @@ class Dispatch:
             self._waiting[key] -= len(queue)
             queue.clear()
         self._turn.clear()
+        for waiter in self._idle:
+            waiter.cancel()
+        self._idle.clear()
 
 
 class EndpointSlots:
     """Per endpoint in this process: requests in flight, deliveries waiting for a loop, and its
-    room: its ``max_concurrency``, and its fair share of the slots while others have work.
+    room: its adaptive limit (``relay.limits``, within its ``max_concurrency``), and its fair
+    share of the slots while others have work.
 
     The fair share is ``ceil(slots / endpoints contending)``. An endpoint contends while
     deliveries to it wait here, or while it may have due messages the process has not leased:
@@ -105,6 +130,7 @@ class EndpointSlots:
     def __init__(self, slots: int, caps: dict[Key, int | None]) -> None:
         self._slots = slots
         self._caps = caps
+        self._limits = {key: AdaptiveLimit(min(cap or slots, slots)) for key, cap in caps.items()}
         # Below this, every endpoint has room (the share were every endpoint contending).
         self._least = math.ceil(slots / max(len(caps), 1))
         self._in_flight: dict[Key, int] = {}
@@ -114,8 +140,8 @@ class EndpointSlots:
 
     def has_room(self, key: Key) -> bool:
         in_flight = self._in_flight.get(key, 0)
-        cap = self._caps.get(key)
-        if cap is not None and in_flight >= cap:
+        limit = self._limits.get(key)
+        if limit is not None and not limit.allows(in_flight):
             return False
         return in_flight < self._least or in_flight < self._share(key)
 
@@ -144,7 +170,7 @@ class EndpointSlots:
         ``looked_at`` (None: every endpoint) but ``keys``: they are quiet."""
         self._quiet.update((self._caps.keys() if looked_at is None else looked_at) - keys)
         for dispatch in self.listeners:  # the others' shares may have grown
-            dispatch.wake()
+            dispatch.wake(self._slots)
 
     def found(self, key: Key) -> None:
         """A lease found a message for ``key``."""
@@ -158,7 +184,25 @@ class EndpointSlots:
     def take(self, key: Key) -> None:
         self._in_flight[key] = self._in_flight.get(key, 0) + 1
 
-    def give_back(self, key: Key) -> None:
+    def give_back(self, key: Key, taker: Dispatch | None = None) -> None:
+        """A request to ``key`` ended; ``taker``: the dispatch whose loop gives it back and looks
+        for its next delivery at once (none of its idle loops needs waking for this room)."""
         self._in_flight[key] -= 1
         for dispatch in self.listeners:
-            dispatch.wake()
+            if dispatch is not taker:
+                dispatch.wake()
+
+    def answered(self, key: Key, result: DeliveryResult, seconds: float, now: float) -> None:
+        """A request to ``key`` came back: its limit follows the answer (``relay.limits``)."""
+        limit = self._limits.get(key)
+        if limit is None:
+            return
+        before = limit.limit
+        limit.answered(result, seconds, now)
+        if math.ceil(limit.limit) > math.ceil(before):  # room for one more: a loop may take it
+            for dispatch in self.listeners:
+                dispatch.wake()
+
+    def limit(self, key: Key) -> float:
+        """``key``'s limit of requests in flight now."""
+        return self._limits[key].limit

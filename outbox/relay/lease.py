@@ -3,15 +3,16 @@
 Each lease takes at most what the process's delivery slots can start in time (``admission``),
 and while deliveries wait for endpoints at their share of the slots, it reads past those
 endpoints' messages (``look_past``) so that others' due messages are not left behind them. The
-next batch is leased while the current one is delivered (at most ``MAX_BATCHES_IN_FLIGHT``).
+next batches are leased while the current ones are delivered: enough to keep the slots busy
+while each batch waits for its slowest request (``batches_in_flight``).
 Each leased batch is handed to ``start`` (plan → dispatch → deliver → record: the processor).
 
 Fast paths (docs/performance.md):
 - The usual batch size is passed as ``usual_size``: the store writes it into the lease
   statement, planned once per connection instead of at every lease (§ "Round two (2026-12-02):
   what the relay costs its database", "PostgreSQL CPU per delivered message").
-- Two batches in flight, not one: one batch in flight was measured and dropped (§ "The relay's
-  own CPU", "Tried and dropped").
+- At least two batches in flight, not one: one batch in flight was measured and dropped
+  (§ "The relay's own CPU", "Tried and dropped").
 """
 
 from __future__ import annotations
@@ -36,11 +37,24 @@ from outbox.relay.stopping import StopSignal
 
 logger = logging.getLogger("outbox.processor")
 
-# Batches leased ahead of the one being delivered: one is enough to keep every slot busy.
-MAX_BATCHES_IN_FLIGHT = 2
-# Batches still open (delivering or writing their outcomes). Outcome writes do not hold up the
-# next lease, so a slow commit does not leave the HTTP slots idle; this bounds them.
-MAX_BATCHES_OPEN = 2 * MAX_BATCHES_IN_FLIGHT
+# Batches being delivered at once, at least: one leased ahead of the one being delivered.
+MIN_BATCHES_IN_FLIGHT = 2
+# Messages being delivered at once, per delivery slot: a batch waits for its slowest request,
+# so its last requests leave slots free that only the next batches can fill.
+MESSAGES_IN_FLIGHT_PER_SLOT = 2
+
+
+def max_waiting(settings: Settings) -> int:
+    """Leased messages the process lets wait for a slot at most (the memory bound)."""
+    return MESSAGES_IN_FLIGHT_PER_SLOT * max(settings.concurrency, settings.batch_size)
+
+
+def batches_in_flight(concurrency: int, batch_size: int) -> int:
+    """Batches a run delivers at once: enough for ``concurrency`` slots (``docs/performance.md``
+    § "Latency-bound delivery"). Twice as many may be open (delivering or writing their
+    outcomes: a slow commit does not leave the HTTP slots idle); this bounds them."""
+    wanted = -(-MESSAGES_IN_FLIGHT_PER_SLOT * concurrency // batch_size)
+    return max(MIN_BATCHES_IN_FLIGHT, wanted)
 
 
 class Leaser:
@@ -71,6 +85,8 @@ class Leaser:
         self._clock = clock
         self._stop = stop
         self._redact = redact
+        self._in_flight = batches_in_flight(settings.concurrency, settings.batch_size)
+        self._open = 2 * self._in_flight
 
     async def drain(
         self, run: Run, batches: set[asyncio.Task[None]], start: Callable[[Batch], None]
@@ -123,8 +139,8 @@ class Leaser:
     ) -> int:
         """How many messages the run leases now; 0 after it waited while it, or the whole
         process, had as much leased as can be delivered soon."""
-        if len(delivering) >= MAX_BATCHES_IN_FLIGHT or len(batches) >= MAX_BATCHES_OPEN:
-            busy = delivering if len(delivering) >= MAX_BATCHES_IN_FLIGHT else batches
+        if len(delivering) >= self._in_flight or len(batches) >= self._open:
+            busy = delivering if len(delivering) >= self._in_flight else batches
             await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
             return 0
         window = self._start_window(run, time.monotonic())
@@ -138,7 +154,7 @@ class Leaser:
         for endpoints that are at their share while others may have due messages not leased
         yet: their next lease reads past the waiting endpoints' messages; else ``([], 0)``."""
         slots = self._endpoint_slots
-        blocked = slots.blocked() if len(batches) < MAX_BATCHES_OPEN else ()
+        blocked = slots.blocked() if len(batches) < self._open else ()
         if not blocked:
             return [], 0
         skip = [

@@ -3,9 +3,10 @@
 ``execute()`` drains: it leases batches until nothing is due or its time budget is spent. The next
 batch is leased while the current one is still being delivered, so the HTTP slots stay busy. A
 leased message becomes one delivery per endpoint of its event type that still waits for it.
-``OUTBOX_CONCURRENCY`` delivery loops, started once per run, take the deliveries endpoint by
-endpoint in turn, each endpoint only while it has room (its ``max_concurrency``) and its breaker
-lets it; a dead endpoint's deliveries never hold the loops from a healthy one's. Each batch's
+Up to ``OUTBOX_CONCURRENCY`` delivery loops, started as deliveries find no idle one, take the
+deliveries endpoint by endpoint in turn, each endpoint only while it has room (its adaptive
+limit, within its ``max_concurrency``) and its breaker lets it; a dead endpoint's deliveries
+never hold the loops from a healthy one's. Each batch's
 outcomes are written in one statement, fenced by the lease token, and shielded from cancellation.
 
 ``OutboxProcessor`` only composes the parts, in the order a message meets them:
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 from outbox import store
 from outbox.core.clock import DatabaseClock
@@ -38,7 +40,7 @@ from outbox.relay.breakers import Key
 from outbox.relay.classify import Classifier
 from outbox.relay.delivery import Deliver, Deliverer
 from outbox.relay.dispatch import Dispatch, EndpointSlots
-from outbox.relay.lease import Leaser
+from outbox.relay.lease import Leaser, max_waiting
 from outbox.relay.record import Recorder, report_error, shielded
 from outbox.relay.stopping import StopSignal, stop_rule
 
@@ -79,7 +81,7 @@ class OutboxProcessor:
         self._endpoint_slots = EndpointSlots(settings.concurrency, caps)
         # Spans and metrics: the API's no-ops unless an OpenTelemetry SDK is configured.
         self._telemetry = telemetry or process_telemetry()
-        admission = Admission(settings.concurrency)
+        admission = Admission(settings.concurrency, max_waiting(settings))
         breakers = Breakers(relay_store, self._other_endpoints)
         classifier = Classifier(settings.max_attempts, self._endpoints, self._redact)
         self._leaser = Leaser(
@@ -155,12 +157,15 @@ class OutboxProcessor:
         delivery = self._delivery
         work = Dispatch(delivery.has_room, self._endpoint_slots.waiting, delivery.will_not_start)
         self._endpoint_slots.listeners.add(work)
-        loops = [
-            asyncio.create_task(delivery.loop(work)) for _ in range(self._settings.concurrency)
-        ]
+        # Started as deliveries find no idle loop: a run of one message makes one loop.
+        loops: list[asyncio.Task[None]] = []
+
+        def spawn() -> None:
+            if len(loops) < self._settings.concurrency:
+                loops.append(asyncio.create_task(delivery.loop(work)))
 
         def start(batch: Batch) -> None:
-            self._start(batch, work, batches)
+            self._start(batch, work, batches, spawn)
 
         try:
             if run.rule.sweeps:
@@ -186,7 +191,13 @@ class OutboxProcessor:
                 summary.duration_seconds = time.monotonic() - started
         return summary
 
-    def _start(self, batch: Batch, work: Dispatch, batches: set[asyncio.Task[None]]) -> None:
+    def _start(
+        self,
+        batch: Batch,
+        work: Dispatch,
+        batches: set[asyncio.Task[None]],
+        spawn: Callable[[], None],
+    ) -> None:
         """Plan a leased batch's deliveries and hand them to the delivery loops; a task records
         its outcomes once they are done."""
         batch.run.summary.leased += len(batch.messages)
@@ -195,7 +206,8 @@ class OutboxProcessor:
         # Counted as waiting by the lease, one per message: one per delivery from now on.
         self._admission.reserve(batch.remaining - len(batch.messages))
         for delivery in batch.all_deliveries():
-            work.put(delivery)
+            if not work.put(delivery):  # no idle loop took it: one more loop, up to the slots
+                spawn()
         task = asyncio.create_task(self._run_batch(batch))
         batches.add(task)
         task.add_done_callback(batches.discard)

@@ -540,7 +540,8 @@ async def test_an_outcome_write_that_fails_ends_the_run(
 ) -> None:
     # Leasing more would only leave more rows Processing until their leases expire.
     await seed(db, 50)
-    settings = make_settings(batch_size=5)
+    # Five slots: two batches of five in flight, four open (``lease.batches_in_flight``).
+    settings = make_settings(batch_size=5, concurrency=5)
     async with open_relay(settings) as relay:
         pool = FailingWritesPool(relay.pool, error)
         processor = OutboxProcessor(pool, relay.publisher.deliver, settings)

@@ -101,7 +101,8 @@ async def test_a_dead_endpoint_never_holds_up_a_healthy_one(
             "Dead": {"url": dead.url("/never")},
             "OrderCompleted": {"url": receiver.url("/orders")},
         }
-        settings = make_settings(webhooks=webhooks, http_timeout_seconds=3)
+        # Sixteen slots, all of which an endpoint starts with (``limits.INITIAL_LIMIT``).
+        settings = make_settings(webhooks=webhooks, http_timeout_seconds=3, concurrency=16)
         delivered_at: list[float] = []
         receiver.responder = lambda request: _noting(delivered_at, request)
         async with open_relay(settings) as relay:
@@ -177,7 +178,7 @@ async def test_a_dead_endpoint_beside_a_healthy_one_holds_no_more_than_its_share
         await seed_many(db, 1000, event_type="Dead")  # before the healthy ones: leased first
         await seed_many(db, healthy, event_type="OrderCompleted")
         webhooks = {"Dead": {"url": dead.url()}, "OrderCompleted": {"url": receiver.url("/o")}}
-        settings = make_settings(webhooks=webhooks, http_timeout_seconds=5)
+        settings = make_settings(webhooks=webhooks, http_timeout_seconds=5, concurrency=16)
         async with open_relay(settings) as relay:
             run = asyncio.create_task(relay.processor.execute(budget_seconds=30))
             await eventually(lambda: len(delivered) == healthy or dead.closed > 0, timeout=30)

@@ -51,6 +51,9 @@ class Receiver:
         self.requests: list[Received] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        # Per path: requests in flight now, and how many were in flight as each one arrived.
+        self.in_flight_to: dict[str, int] = defaultdict(int)
+        self.in_flight_at_arrival: dict[str, list[int]] = defaultdict(list)
         self._scripts: dict[str, deque[Reply]] = defaultdict(deque)
         self._defaults: dict[str, Reply] = {}
         self._runner: web.AppRunner | None = None
@@ -106,6 +109,15 @@ class Receiver:
                 request.transport.get_extra_info("peername") if request.transport else None,
             )
         )
+        path = request.path
+        self.in_flight_at_arrival[path].append(self.in_flight_to[path])
+        self.in_flight_to[path] += 1
+        try:
+            return await self._answer(request)
+        finally:
+            self.in_flight_to[path] -= 1
+
+    async def _answer(self, request: web.Request) -> web.StreamResponse:
         script = self._scripts[request.path]
         if script:
             reply = script.popleft()
