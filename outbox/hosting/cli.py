@@ -79,7 +79,9 @@ def add_console_commands(commands: Any) -> None:
     for name, what in [("pause", "its deliveries wait"), ("resume", "its deliveries go again")]:
         command = commands.add_parser(name, help=f"an endpoint of an event type: {what}")
         command.add_argument("event_type")
-        command.add_argument("endpoint")
+        command.add_argument(
+            "endpoint", nargs="?", help="its name (not needed when it has only one endpoint)"
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:

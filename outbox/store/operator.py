@@ -141,6 +141,9 @@ def key_of(endpoints: Endpoints, event_type: Any, endpoint: Any) -> tuple[str, s
     """The (event type, endpoint) an action names, checked against the configuration."""
     if not isinstance(event_type, str) or not event_type:
         raise BadRequestError("event_type must be an event type")
+    configured = endpoints.get(event_type, ())
+    if endpoint is None and len(configured) == 1:
+        return event_type, configured[0]  # an event type's only endpoint needs no name
     if not isinstance(endpoint, str) or not endpoint:
         raise BadRequestError("endpoint must be an endpoint's name")
     if endpoint not in endpoints.get(event_type, ()):

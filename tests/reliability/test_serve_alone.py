@@ -155,6 +155,66 @@ async def test_without_a_queue_a_requeue_is_delivered_at_once(
     await eventually(processed, timeout=SLACK_SECONDS)
 
 
+async def post(url: str, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async with aiohttp.ClientSession() as http:
+        headers = {"x-functions-key": KEY}
+        async with http.post(f"{url}/api/outbox/{path}", json=body, headers=headers) as r:
+            assert r.status == 200, await r.text()
+            answer: dict[str, Any] = await r.json()
+            return answer
+
+
+@pytest.mark.slow
+async def test_without_a_queue_a_resume_is_delivered_at_once(
+    db: Any, receiver: Receiver, base_env: dict[str, str], start_serve: Start
+) -> None:
+    _, url = await start_serve(base_env)
+    await post(url, "pause", {"event_type": "OrderCompleted"})
+    await run_cli("enqueue", "OrderCompleted", '{"orderId": 5}', env=base_env)
+    drained = await post(url, "drain")  # no queue, no sweep: the drain meets the pause
+    assert drained["processed"] == 0
+    assert receiver.requests == []
+    # Paused: it waits (looked at again in five minutes), no attempt spent.
+    assert await db.fetchval("SELECT attempt_count FROM outbox_messages") == 0
+    resumed = await post(url, "resume", {"event_type": "OrderCompleted"})
+    assert resumed["due"] == 1
+    # Only serve's own timer, armed by the resume, can deliver it now.
+    await receiver.wait_for(1, timeout=SLACK_SECONDS)
+
+    async def processed() -> bool:
+        return await statuses(db) == {"Processed": 1}
+
+    await eventually(processed, timeout=SLACK_SECONDS)
+
+
+@pytest.mark.slow
+async def test_without_a_queue_an_open_breaker_is_probed_when_its_cool_down_ends(
+    db: Any, receiver: Receiver, base_env: dict[str, str], start_serve: Start
+) -> None:
+    # Ten failures in a row open the breaker (10 s); the messages wait for its reopen.
+    receiver.script("/orders", *[Reply(503, b"busy")] * 10, then=Reply(204))
+    for order in range(12):
+        await run_cli("enqueue", "OrderCompleted", json.dumps({"orderId": order}), env=base_env)
+    # One request at a time: exactly the ten failures before the breaker opens.
+    await start_serve({**base_env, "OUTBOX_CONCURRENCY": "1"})
+
+    async def opened() -> bool:
+        return bool(await db.fetchval("SELECT count(*) FROM outbox_endpoints WHERE opens > 0"))
+
+    await eventually(opened, timeout=SLACK_SECONDS)
+    await receiver.wait_for(10, timeout=SLACK_SECONDS)
+    failures = 10
+    # The probe and the rest come from serve's timer at the reopen: no queue, no sweep.
+    await receiver.wait_for(failures + 12, timeout=10 + 2 * SLACK_SECONDS)
+
+    async def processed() -> bool:
+        return await statuses(db) == {"Processed": 12}
+
+    await eventually(processed, timeout=SLACK_SECONDS)
+    probe = receiver.requests[failures]
+    assert probe.at - receiver.requests[failures - 1].at >= 8.5  # after the cool-down
+
+
 @pytest.mark.slow
 async def test_with_the_queue_unreachable_a_retry_stays_on_time(
     receiver: Receiver, base_env: dict[str, str], start_serve: Start, azurite: Azurite
