@@ -41,9 +41,9 @@ logger = logging.getLogger("outbox.processor")
 MIN_BATCHES_IN_FLIGHT = 2
 # Messages being delivered at once, per delivery slot: a batch waits for its slowest request,
 # so its last requests leave slots free that only the next batches can fill. Four, not two:
-# against receivers whose answer times spread (lognormal, σ 0.5: the slowest of a batch of 100
-# takes about 3.5× the median), two left a third of the slots idle (docs/performance.md
-# § "Latency-bound delivery").
+# against receivers whose answer times spread (lognormal, sigma 0.5: the slowest of a batch of
+# 100 takes about 3.5 times the median), two left a third of the slots idle (docs/performance.md
+# section "Latency-bound delivery").
 MESSAGES_IN_FLIGHT_PER_SLOT = 4
 # Leased messages waiting for a slot, per delivery slot, at most (the memory bound).
 WAITING_PER_SLOT = 2
