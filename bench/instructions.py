@@ -11,9 +11,10 @@ start-up and imports cancel out, and so does the cost of opening connections as 
 drains open as many (each drain's count is reported: ``connections``). The raw client builds
 and signs its requests before its clock starts: the same difference for runs that only build
 them is taken off. Contenders: the raw client, the floor (``bench.worker floor``: lease,
-build, sign, POST and record, nothing else), the relay, and the relay with its telemetry calls taken out (``untraced``): what telemetry
-costs with no SDK is a few instructions per message, which only a count can resolve; and the
-relay on uvloop's event loop (``serve --uvloop``). Skipped where valgrind is not installed.
+build, sign, POST and record, nothing else), the relay, and the relay with its telemetry calls
+taken out (``untraced``): what telemetry costs with no SDK is a few instructions per message,
+which only a count can resolve; and the relay on uvloop's event loop (``serve --uvloop``).
+Skipped where valgrind is not installed.
 
 valgrind's CPU model hides the processor's SHA instructions, so the signature (which the relay and
 the floor compute inside their count, the raw client outside) weighs more here than natively.
