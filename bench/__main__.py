@@ -234,7 +234,10 @@ async def cost_phases(
         )
     if "instructions" not in skip:
         results["instructions"] = await instructions.measure(
-            receiver, small=args.instructions_small, large=args.instructions_large
+            receiver,
+            small=args.instructions_small,
+            large=args.instructions_large,
+            concurrency=args.concurrency,
         )
     return results
 

@@ -183,6 +183,7 @@ class ReceiverStats:
     latencies: list[float]
     max_in_flight: int = 0
     refused: int = 0
+    connections: int = 0  # distinct connections requests came in on
 
 
 class ReceiverProcess:

@@ -7,12 +7,14 @@ not move: the same code, inputs and environment give the same count, whatever el
 
 Each contender drains ``small`` and then ``large`` messages under ``valgrind --tool=cachegrind``
 (its own process only); instructions per message are the difference over ``large - small``, so
-start-up and imports cancel out. The raw client builds and signs its requests before its clock
-starts: the same difference for runs that only build them is taken off. Contenders: the raw
-client, the floor (``bench.worker floor``: lease, build, sign, POST and record, nothing else),
-the relay, and the relay with its telemetry calls taken out (``untraced``): what telemetry
-costs with no SDK is a few instructions per message, which only a count can resolve; and the
-relay on uvloop's event loop (``serve --uvloop``). Skipped where valgrind is not installed.
+start-up and imports cancel out, and so does the cost of opening connections as long as both
+drains open as many (each drain's count is reported: ``connections``). The raw client builds
+and signs its requests before its clock starts: the same difference for runs that only build
+them is taken off. Contenders: the raw client, the floor (``bench.worker floor``: lease,
+build, sign, POST and record, nothing else), the relay, and the relay with its telemetry calls
+taken out (``untraced``): what telemetry costs with no SDK is a few instructions per message,
+which only a count can resolve; and the relay on uvloop's event loop (``serve --uvloop``).
+Skipped where valgrind is not installed.
 
 valgrind's CPU model hides the processor's SHA instructions, so the signature (which the relay and
 the floor compute inside their count, the raw client outside) weighs more here than natively.
@@ -63,13 +65,20 @@ def count(command: list[str]) -> int:
     return int(found.group(1))
 
 
-async def run_once(receiver: ReceiverProcess, contender: str, messages: int) -> int:
-    """Instructions of one drain of ``messages`` (its requests only, for ``raw --build-only``)."""
+async def run_once(
+    receiver: ReceiverProcess, contender: str, messages: int, concurrency: int = 16
+) -> tuple[int, int]:
+    """Instructions of one drain of ``messages`` (its requests only, for ``raw --build-only``)
+    with ``concurrency`` requests in flight at most, and the connections it opened."""
     await receiver.reset()
     worker = [sys.executable, "-m", "bench.worker", "--url", receiver.url()]
+    worker += ["--concurrency", str(concurrency)]
     if contender in ("raw", "raw-build"):
         command = [*worker, "raw", "--messages", str(messages)]
-        return count([*command, "--build-only"] if contender == "raw-build" else command)
+        if contender == "raw-build":
+            return count([*command, "--build-only"]), 0
+        total = count(command)
+        return total, (await receiver.stats()).connections
     async with Database("instructions") as db:
         await db.backlog(messages)
         name, _, loop = contender.partition("-")  # relay-uvloop: the relay on uvloop
@@ -80,24 +89,36 @@ async def run_once(receiver: ReceiverProcess, contender: str, messages: int) -> 
     stats = await receiver.stats()
     if stats.distinct != messages:
         raise AssertionError(f"{contender}: receiver saw {stats.distinct} of {messages} messages")
-    return total
+    return total, stats.connections
 
 
-async def measure(receiver: ReceiverProcess, *, small: int, large: int) -> dict[str, Any]:
+async def measure(
+    receiver: ReceiverProcess, *, small: int, large: int, concurrency: int = 16
+) -> dict[str, Any]:
     if valgrind() is None:
         log("instructions: skipped, valgrind is not installed")
         return {"skipped": "valgrind is not installed"}
     per_message: dict[str, float] = {}
+    # Per contender, the connections the smaller and the larger drain opened: a difference of
+    # drains also counts what the larger opened beyond the smaller's.
+    connections: dict[str, list[int]] = {}
     for contender in (*CONTENDERS, "raw-build"):
-        low = await run_once(receiver, contender, small)
-        high = await run_once(receiver, contender, large)
+        low, opened_low = await run_once(receiver, contender, small, concurrency)
+        high, opened_high = await run_once(receiver, contender, large, concurrency)
         per_message[contender] = (high - low) / (large - small)
-        log(f"instructions: {contender} {per_message[contender]:,.0f} per message")
+        connections[contender] = [opened_low, opened_high]
+        log(
+            f"instructions: {contender} {per_message[contender]:,.0f} per message "
+            f"(connections opened: {opened_low}, {opened_high})"
+        )
+    del connections["raw-build"]
     per_message["raw"] -= per_message.pop("raw-build")
     raw = per_message["raw"]
     return {
         "small": small,
         "large": large,
+        "concurrency": concurrency,
+        "connections": connections,
         "per_message": {c: round(n) for c, n in per_message.items()},
         "relay_vs_raw": round(per_message["relay"] / raw, 3),
         "floor_vs_raw": round(per_message["floor"] / raw, 3),

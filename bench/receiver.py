@@ -14,7 +14,9 @@ A POST to ``/limited/<n>`` is answered 429 with ``Retry-After: 1`` when ``n`` re
 already in flight (a receiver that pushes back above what it can take).
 
 Control endpoints (for the benchmark driver only):
-``GET /_stats`` → ``{"requests", "distinct", "first", "last", "latencies"}``; ``POST /_reset``.
+``GET /_stats`` → ``{"requests", "distinct", "first", "last", "latencies", "max_in_flight",
+"refused", "connections"}`` (``connections``: distinct connections the counted requests came
+in on); ``POST /_reset``.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ class Recorder:
         self.in_flight = 0  # the limited receiver's
         self.max_in_flight = 0
         self.refused = 0
+        self.peers: set[object] = set()  # the connections requests came in on
 
     async def hook(self, request: web.Request) -> web.Response:
         await request.read()
@@ -66,6 +69,7 @@ class Recorder:
             self.first = now
         self.last = now
         self.ids.append(request.headers.get("webhook-id", ""))
+        self.peers.add(request.transport and request.transport.get_extra_info("peername"))
 
     async def _limited(self, request: web.Request, limit: int) -> web.Response:
         if self.in_flight >= limit:
@@ -98,6 +102,7 @@ class Recorder:
                 "latencies": self.latencies,
                 "max_in_flight": self.max_in_flight,
                 "refused": self.refused,
+                "connections": len(self.peers),
             }
         )
 
