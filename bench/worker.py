@@ -142,17 +142,18 @@ async def run_relay(args: argparse.Namespace, telemetry: Telemetry | None = None
 
 
 def time_leases(durations: list[float]) -> None:
-    """Record the duration of every lease statement this process runs into ``durations``."""
-    lease_batch = store.lease_batch
+    """Record the duration of every lease statement this process runs into ``durations``
+    (the relay leases through its store, ``store.PostgresStore``)."""
+    lease_batch = store.PostgresStore.lease_batch
 
-    async def timed(*args: Any, **kwargs: Any) -> store.Lease:
+    async def timed(self: store.PostgresStore, *args: Any, **kwargs: Any) -> store.Lease:
         started = time.perf_counter()
         try:
-            return await lease_batch(*args, **kwargs)
+            return await lease_batch(self, *args, **kwargs)
         finally:
             durations.append(time.perf_counter() - started)
 
-    store.lease_batch = timed  # type: ignore[assignment]
+    store.PostgresStore.lease_batch = timed  # type: ignore[assignment,method-assign]
 
 
 class Untraced(Telemetry):
