@@ -100,6 +100,7 @@ a.link { color: #1a56db; cursor: pointer; text-decoration: underline; }
     </div>
     <table id="messages"></table>
     <button type="button" id="more" class="hidden">Next page</button>
+    <p id="scan-limited"></p>
   </section>
   <section id="detail" class="hidden">
     <h2>Message <span id="detail-id"></span></h2>
@@ -241,11 +242,15 @@ a.link { color: #1a56db; cursor: pointer; text-decoration: underline; }
   function showOverview(data) {
     const counts = $("counts");
     counts.replaceChildren();
+    const estimated = data.estimated_counts || [];
     Object.entries(data.counts).forEach(([status, n]) => {
       const box = el("div", null, "count");
       box.id = "count-" + status;
-      box.appendChild(el("b", n));
-      box.appendChild(document.createTextNode(status));
+      const guess = estimated.includes(status);
+      const figure = el("b", (guess ? "~" : "") + n);
+      if (guess) figure.title = "an estimate: too many rows to count at each refresh";
+      box.appendChild(figure);
+      box.appendChild(document.createTextNode(guess ? status + " (estimate)" : status));
       counts.appendChild(box);
     });
     const age = data.oldest_unpublished_age_seconds;
@@ -326,6 +331,10 @@ a.link { color: #1a56db; cursor: pointer; text-decoration: underline; }
       }
       nextCursor = page.next;
       $("more").className = page.next ? "" : "hidden";
+      $("scan-limited").textContent = page.scan_limited
+        ? "searched the latest " + page.scan_limit + " messages of this page's range: " +
+          "\u201cmore\u201d searches further (a time range or a status narrows the search)"
+        : "";
     } catch (e) { notice(e.message, true); }
   }
 

@@ -26,6 +26,9 @@ from outbox.store import postgres as store
 # The list's scan is cut off after this long: a filter no index serves must be narrowed (a time
 # range) rather than read the whole table.
 LIST_TIMEOUT_MS = 3000
+# The overview counts Processed rows up to this many, then estimates (the count is labelled so):
+# counting every row of a table of 10M reads them all.
+PROCESSED_COUNTED = 100_000
 # Failures are grouped by reason over the latest Failed messages, at most this many.
 FAILED_SAMPLE = 10_000
 MAX_PAYLOAD_CHARS = 100_000
@@ -42,12 +45,16 @@ Endpoints = Mapping[str, Sequence[str]]
 async def overview(
     conn: store.Connection, threshold_seconds: float, endpoints: Endpoints
 ) -> dict[str, Any]:
-    """Counts by status, the oldest unpublished age, deliveries and failures per minute over the
+    """Counts by status (Processed estimated beyond ``PROCESSED_COUNTED``, then named in
+    ``estimated_counts``), the oldest unpublished age, deliveries and failures per minute over the
     last hour, open and paused endpoints, held ordering keys, failures grouped by reason."""
-    status = await operations.backlog_status(conn, threshold_seconds)
+    status = await operations.backlog_status(
+        conn, threshold_seconds, processed_up_to=PROCESSED_COUNTED
+    )
     figures = await store.console_overview(conn, FAILED_SAMPLE)
     return {
         "counts": status.counts,
+        "estimated_counts": status.estimated_counts,
         "oldest_unpublished_age_seconds": status.oldest_unpublished_age_seconds,
         "healthy": status.healthy,
         "problems": status.problems,
@@ -65,14 +72,12 @@ async def overview(
     }
 
 
-async def list_messages(
-    conn: store.Connection, query: MessageQuery, endpoints: Endpoints
-) -> dict[str, Any]:
-    """One page of messages matching ``query``, newest first, and the cursor of the next."""
+def message_filter(query: MessageQuery, endpoints: Endpoints) -> store.MessageFilter:
+    """The store's filter for ``query`` (an endpoint becomes the event types that have it)."""
     endpoint_of = None
     if query.endpoint is not None:
         endpoint_of = [t for t, names in endpoints.items() if query.endpoint in names]
-    wanted = store.MessageFilter(
+    return store.MessageFilter(
         query.status,
         query.event_type,
         query.endpoint,
@@ -82,6 +87,15 @@ async def list_messages(
         query.created_to,
         query.error,
     )
+
+
+async def list_messages(
+    conn: store.Connection, query: MessageQuery, endpoints: Endpoints
+) -> dict[str, Any]:
+    """One page of messages matching ``query``, newest first, and the cursor of the next. Each
+    call reads at most ``store.CONSOLE_SCAN_LIMIT`` rows: when a filter no index serves found
+    fewer than a page among them, ``scan_limited`` is true and ``next`` goes on searching."""
+    wanted = message_filter(query, endpoints)
     try:
         rows = await store.console_messages(
             conn, wanted, query.after, query.limit + 1, timeout_ms=LIST_TIMEOUT_MS
@@ -90,12 +104,22 @@ async def list_messages(
         if exc.kind == "QueryCanceledError":
             raise BadRequestError(NARROW) from None
         raise
-    page = rows[: query.limit]
-    following = None
-    if len(rows) > query.limit:
+    found = [row for row in rows if not row["scan_end"]]
+    scan_end = [row for row in rows if row["scan_end"]]
+    page = found[: query.limit]
+    following, limited = None, False
+    if len(found) > query.limit:
         last = page[-1]
         following = cursor(last["created_at"], last["outbox_message_id"])
-    return {"messages": [_listed(row) for row in page], "next": following}
+    elif scan_end:
+        following = cursor(scan_end[0]["created_at"], scan_end[0]["outbox_message_id"])
+        limited = True
+    return {
+        "messages": [_listed(row) for row in page],
+        "next": following,
+        "scan_limited": limited,
+        "scan_limit": store.CONSOLE_SCAN_LIMIT,
+    }
 
 
 async def message(conn: store.Connection, message_id: UUID) -> dict[str, Any] | None:
@@ -302,7 +326,7 @@ def _key_filter(key: tuple[str, str]) -> dict[str, Any]:
 
 
 def _listed(row: Mapping[str, Any]) -> dict[str, Any]:
-    listed: dict[str, Any] = _jsonable(dict(row))
+    listed: dict[str, Any] = _jsonable({k: v for k, v in row.items() if k != "scan_end"})
     return listed
 
 

@@ -513,9 +513,10 @@ def _attempt_row(record: Recorded, delivered: Delivered) -> AttemptRow:
 
 
 @database_boundary
-async def backlog_status(conn: Connection) -> dict[str, Any]:
-    """Counts by status, the oldest due / unpublished / failed ages, and expired leases."""
-    return dict(await conn.fetchrow(QUERIES["backlog_status"]))
+async def backlog_status(conn: Connection, processed_up_to: int | None = None) -> dict[str, Any]:
+    """Counts by status, the oldest due / unpublished / failed ages, and expired leases;
+    Processed rows counted up to ``processed_up_to`` (None: all)."""
+    return dict(await conn.fetchrow(QUERIES["backlog_status"], processed_up_to))
 
 
 class Requeued(NamedTuple):
@@ -894,6 +895,36 @@ class MessageFilter(NamedTuple):
     error: str | None = None
 
 
+# The rows one call of the console's list reads at most (console_messages): a filter no index
+# serves answers from the newest this many rows, with a cursor to go on searching.
+CONSOLE_SCAN_LIMIT = 20_000
+# The statuses whose rows a partial index holds: the list's scan reads only them.
+_INDEXED_STATUSES = frozenset({"Failed", "Pending", "Processing"})
+
+
+def console_message_arguments(
+    wanted: MessageFilter,
+    after: tuple[datetime, UUID] | None,
+    limit: int,
+    scan_limit: int = CONSOLE_SCAN_LIMIT,
+) -> tuple[Any, ...]:
+    """console_messages' parameters, in order."""
+    return (
+        wanted.status,
+        wanted.event_type,
+        list(wanted.endpoint_of) if wanted.endpoint_of is not None else None,
+        wanted.endpoint,
+        wanted.ordering_key,
+        wanted.created_from,
+        wanted.created_to,
+        wanted.error,
+        *(after or (None, None)),
+        limit,
+        wanted.status if wanted.status in _INDEXED_STATUSES else None,
+        scan_limit,
+    )
+
+
 @database_boundary
 async def console_messages(
     conn: Connection,
@@ -902,24 +933,18 @@ async def console_messages(
     limit: int,
     *,
     timeout_ms: int,
+    scan_limit: int = CONSOLE_SCAN_LIMIT,
 ) -> list[dict[str, Any]]:
-    """One page of messages matching ``wanted``, newest first, after the row ``after``; a scan
-    that would take longer than ``timeout_ms`` is cancelled (``QueryCanceledError``)."""
+    """One page of messages matching ``wanted``, newest first, after the row ``after``, found
+    among at most ``scan_limit`` rows; when the scan stopped there, a last row with ``scan_end``
+    true is where it stopped. A statement slower than ``timeout_ms`` is cancelled
+    (``QueryCanceledError``). Planned for its parameters each time (a generic plan would not
+    know which index a status or a time range can use)."""
+    arguments = console_message_arguments(wanted, after, limit, scan_limit)
     async with _acquired(conn) as connection, connection.transaction():
         await connection.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
-        rows = await connection.fetch(
-            QUERIES["console_messages"],
-            wanted.status,
-            wanted.event_type,
-            list(wanted.endpoint_of) if wanted.endpoint_of is not None else None,
-            wanted.endpoint,
-            wanted.ordering_key,
-            wanted.created_from,
-            wanted.created_to,
-            wanted.error,
-            *(after or (None, None)),
-            limit,
-        )
+        await connection.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        rows = await connection.fetch(QUERIES["console_messages"], *arguments)
     return [dict(row) for row in rows]
 
 
