@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from outbox.core import requests
 from outbox.core.errors import BadRequestError, DatabaseError
 from outbox.core.queries import MessageQuery, cursor
 from outbox.core.requests import RequeueFilter
@@ -219,6 +220,59 @@ async def requeue(
 
     shown = _jsonable({k: v for k, v in asdict(wanted).items() if v not in (None, False)})
     return await act(conn, "requeue", shown, run, actor=actor, action_id=action_id)
+
+
+async def requeue_batch(
+    conn: store.Connection,
+    wanted: RequeueFilter,
+    *,
+    batch_size: int,
+    actor: str,
+    action_id: str,
+) -> dict[str, Any]:
+    """One batch of a requeue recorded as ``action_id``: the first call records it, each call
+    sets back at most ``batch_size`` more Failed rows, going on where the last batch ended, and
+    answers with the running count (``requeued``), this call's (``batch_requeued``) and whether
+    it is ``done``. A call repeated or retried goes on from the last batch that committed (no
+    row is requeued twice under one action); one after the last batch requeues nothing."""
+    checked = requests.parse(requests.RequeueRequest, asdict(wanted)).filter
+    shown = _jsonable({k: v for k, v in asdict(checked).items() if v not in (None, False)})
+    filter_json = json.dumps(shown)
+    claimed = await store.claim_action(
+        conn, action_id, "requeue", filter_json, dry_run=False, actor=actor
+    )
+    if claimed:
+        fresh = {"requeued": 0, "batches": 0, "done": False, "after": None}
+        await store.finish_action(conn, action_id, 0, json.dumps(fresh))
+    else:
+        earlier = await store.show_action(conn, action_id)
+        if earlier is None or earlier["action"] != "requeue":
+            raise BadRequestError(f"action_id {action_id!r} was used for another action")
+        if json.loads(earlier["filter"]) != shown:
+            raise BadRequestError(f"action_id {action_id!r} was used for another filter")
+    ids = list(checked.message_ids) if checked.message_ids is not None else None
+    step = await store.requeue_failed_step(
+        conn,
+        action_id,
+        (ids, checked.event_type, checked.created_from, checked.created_to),
+        batch_size=batch_size,
+        endpoint=checked.endpoint,
+        error=checked.error,
+    )
+    if step.progress is None:
+        return {"action_id": action_id, "in_progress": True, "repeated": True, "done": False}
+    return {
+        "requeued": step.progress["requeued"],
+        "batch_requeued": len(step.rows),
+        "batches": step.progress.get("batches", 1),
+        "done": step.progress.get("done", True),
+        "dry_run": False,
+        "message_ids": [
+            str(r["outbox_message_id"]) for r in step.rows[: operations.MAX_LISTED_IDS]
+        ],
+        "action_id": action_id,
+        "repeated": not step.rows and not claimed,
+    }
 
 
 MAX_RESENT = 1000

@@ -566,6 +566,59 @@ async def requeue_failed(
         after = (rows[-1]["created_at"], rows[-1]["outbox_message_id"])
 
 
+class RequeueStep(NamedTuple):
+    """One batch of a requeue in batches: the rows it set back to Pending, in the batch's order
+    ``(created_at, id)``, and the action's progress after it (``requeued`` so far, ``batches``,
+    ``done``, ``after``: where the next batch starts); ``None`` when the action is not recorded."""
+
+    rows: list[dict[str, Any]]
+    progress: dict[str, Any] | None
+
+
+@database_boundary
+async def requeue_failed_step(
+    conn: Connection,
+    action_id: str,
+    wanted: Sequence[Any],
+    *,
+    batch_size: int,
+    endpoint: str | None = None,
+    error: str | None = None,
+) -> RequeueStep:
+    """The next batch of the requeue recorded as ``action_id``, after where its progress says
+    the last one ended (``wanted``: requeue_failed's $1…$4). The batch and its progress commit
+    together, under the action's row lock: a retried call goes on from the last batch that
+    committed, and no row is requeued twice under one action. A requeue done already (its last
+    batch, or in one call) does nothing more."""
+    async with _acquired(conn) as connection, connection.transaction():
+        row = await connection.fetchrow(QUERIES["lock_action"], action_id)
+        if row is None or row["result"] is None:
+            return RequeueStep([], None)
+        progress: dict[str, Any] = json.loads(row["result"])
+        if progress.get("done", True):
+            return RequeueStep([], progress)
+        last = progress["after"]
+        after = (datetime.fromisoformat(last[0]), UUID(last[1])) if last else (None, None)
+        rows = [
+            dict(r)
+            for r in await connection.fetch(
+                QUERIES["requeue_failed"], *wanted, *after, batch_size, endpoint, error
+            )
+        ]
+        if rows:
+            last = [rows[-1]["created_at"].isoformat(), str(rows[-1]["outbox_message_id"])]
+        progress = {
+            "requeued": progress["requeued"] + len(rows),
+            "batches": progress["batches"] + 1,
+            "done": len(rows) < batch_size,
+            "after": last,
+        }
+        await connection.execute(
+            QUERIES["finish_action"], action_id, progress["requeued"], json.dumps(progress)
+        )
+    return RequeueStep(rows, progress)
+
+
 @database_boundary
 async def purge_batch(conn: Connection, status: str, older_than_days: int, limit: int) -> int:
     """Delete one bounded batch of old Processed or Failed rows; returns how many went."""

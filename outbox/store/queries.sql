@@ -1136,6 +1136,14 @@ RETURNING created_at;
 -- Action $1 done: how many rows it touched ($2) and its result ($3)
 UPDATE outbox_console_actions SET affected = $2, result = $3::jsonb WHERE action_id = $1;
 
+-- lock_action --
+-- Action $1's progress, its row locked until the transaction ends: the next batch of a requeue
+-- and the progress it makes commit together, one call after another
+SELECT action, filter::text AS filter, result::text AS result
+FROM outbox_console_actions
+WHERE action_id = $1
+FOR UPDATE;
+
 -- show_action --
 -- One recorded action
 SELECT action_id, action, filter::text AS filter, affected, dry_run, actor, created_at,
