@@ -959,9 +959,9 @@ def console_message_arguments(
     wanted: MessageFilter,
     after: tuple[datetime, UUID] | None,
     limit: int,
-    scan_limit: int = CONSOLE_SCAN_LIMIT,
+    scan_limit: int | None = None,
 ) -> tuple[Any, ...]:
-    """console_messages' parameters, in order."""
+    """console_messages' parameters, in order (``scan_limit``: ``CONSOLE_SCAN_LIMIT``)."""
     return (
         wanted.status,
         wanted.event_type,
@@ -974,7 +974,7 @@ def console_message_arguments(
         *(after or (None, None)),
         limit,
         wanted.status if wanted.status in _INDEXED_STATUSES else None,
-        scan_limit,
+        scan_limit or CONSOLE_SCAN_LIMIT,
     )
 
 
@@ -986,13 +986,13 @@ async def console_messages(
     limit: int,
     *,
     timeout_ms: int,
-    scan_limit: int = CONSOLE_SCAN_LIMIT,
+    scan_limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """One page of messages matching ``wanted``, newest first, after the row ``after``, found
-    among at most ``scan_limit`` rows; when the scan stopped there, a last row with ``scan_end``
-    true is where it stopped. A statement slower than ``timeout_ms`` is cancelled
-    (``QueryCanceledError``). Planned for its parameters each time (a generic plan would not
-    know which index a status or a time range can use)."""
+    among at most ``scan_limit`` rows (``CONSOLE_SCAN_LIMIT``); when the scan stopped there, a
+    last row with ``scan_end`` true is where it stopped. A statement slower than ``timeout_ms``
+    is cancelled (``QueryCanceledError``). Planned for its parameters each time (a generic
+    plan would not know which index a status or a time range can use)."""
     arguments = console_message_arguments(wanted, after, limit, scan_limit)
     async with _acquired(conn) as connection, connection.transaction():
         await connection.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")

@@ -15,6 +15,7 @@ from outbox.azure import functions
 from outbox.core.errors import BadRequestError
 from outbox.core.queries import MESSAGE_FLAGS, parse_message_query
 from outbox.store import operator
+from outbox.store import postgres as store
 from tests.conftest import SECRET
 from tests.support.outbox_helpers import open_relay, run_cli, seed, statuses
 from tests.support.receiver import Receiver
@@ -66,10 +67,44 @@ async def test_overview_counts_and_groups_failures_by_reason(db: Any, app_env: N
     status, body = answer(await functions.outbox_overview(get("outbox/overview")))
     assert status == 200
     assert body["counts"] == {"Pending": 2, "Processing": 0, "Processed": 0, "Failed": 4}
+    assert body["estimated_counts"] == []  # counted, every one
     reasons = {r["reason"]: r["messages"] for r in body["failure_reasons"]}
     assert reasons == {"HTTP 503": 3, "no endpoint configured for event type 'Nope'": 1}
     assert len(body["rates"]) == 60
     assert body["paused_endpoints"] == []
+
+
+async def test_the_overview_estimates_processed_beyond_what_it_counts_and_says_so(
+    db: Any, app_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(operator, "PROCESSED_COUNTED", 3)
+    ids = await seed(db, 7)
+    await db.execute(
+        "UPDATE outbox_messages SET status = 'Processed', processed_at = now() "
+        "WHERE outbox_message_id = ANY($1::uuid[])",
+        ids[:5],
+    )
+    await db.execute("ANALYZE outbox_messages")  # what autovacuum keeps: the row estimate
+    body = answer(await functions.outbox_overview(get("outbox/overview")))[1]
+    assert body["estimated_counts"] == ["Processed"]
+    assert body["counts"] == {"Pending": 2, "Processing": 0, "Processed": 5, "Failed": 0}
+
+
+async def test_a_filter_no_index_serves_reads_a_bounded_scan_and_goes_on_where_it_stopped(
+    db: Any, app_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "CONSOLE_SCAN_LIMIT", 4)
+    invoices = await seed(db, 6, "InvoicePaid")
+    await seed(db, 5)  # newer: the first scan of 4 rows finds no InvoicePaid
+    params = {"event_type": "InvoicePaid", "limit": "50"}
+    body = answer(await functions.outbox_messages(get("outbox/messages", params)))[1]
+    assert (body["messages"], body["scan_limited"], body["scan_limit"]) == ([], True, 4)
+    seen = []
+    while body["next"]:
+        params["after"] = body["next"]
+        body = answer(await functions.outbox_messages(get("outbox/messages", params)))[1]
+        seen += [m["outbox_message_id"] for m in body["messages"]]
+    assert sorted(seen) == sorted(str(i) for i in invoices)  # each once, none missed
 
 
 async def test_messages_filter_and_page_by_keyset(db: Any, app_env: None) -> None:
