@@ -5,15 +5,16 @@ with and without the indexes the console reads (``outbox_messages_created_idx``,
 
 The table is filled once, in one ``INSERT … SELECT generate_series`` (then one for the attempt
 history, one attempt per finished message), as months of traffic would leave it: mostly
-Processed, 1% Failed, 0.5% Pending, 0.1% Processing; five event types; a fifth of the messages
-with one of 50,000 ordering keys; created over 30 days. Then ``VACUUM ANALYZE``. Each filter's
-first page is asked ``repeats`` times through the console's own code (``operator.list_messages``)
-and its plan captured with ``EXPLAIN``: which indexes it reads, and whether it reads the table
-whole (it must not). The overview likewise.
+Processed, 1% Failed, a backlog of 0.6% at the head (0.5% Pending, 0.1% Processing); five event
+types; a fifth of the messages with one of 50,000 ordering keys; created over 30 days. Then
+``VACUUM ANALYZE``. Each filter's first page is asked ``repeats`` times through the console's own
+code (``operator.list_messages``) and its plan captured with ``EXPLAIN``: which indexes it reads,
+and whether it reads the table whole (it must not). The overview likewise, and each of its
+statements alone.
 
-WAL: the same backlog drained by the relay (``bench.dbcost``) with the schema as migrated and with
-both dropped, interleaved ``wal_runs`` times: WAL bytes per delivered
-message of each.
+WAL: the same backlog enqueued and drained by the relay (``bench.dbcost``) with the schema as
+migrated, with both dropped, and with an index over every row, ``(created_at, id)``, in place of
+the partial one, interleaved ``wal_runs`` times: WAL bytes per message of each.
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ ENDPOINTS = {
     "InvoiceIssued": ("billing",),
     "CustomerUpdated": ("crm",),
 }
-CREATED_INDEX = "outbox_messages_created_idx"
+CREATED_INDEX = "outbox_messages_processed_order_idx"
 # The indexes the console's scale added (migrations 0017, 0018): what the WAL runs weigh.
 CONSOLE_INDEXES = (CREATED_INDEX, "outbox_attempts_finished_idx")
 
-# One row in a thousand by g % 1000: 0-9 Failed, 10-14 Pending, 15 Processing, else Processed.
+# The newest 0.6 % are under way (a backlog at the head of the table: one in six Processing, the
+# rest Pending); before them, one row in a hundred Failed, every other Processed.
 FILL = """
 INSERT INTO outbox_messages (outbox_message_id, event_type, payload, status, attempt_count,
                              next_attempt_at, lease_expires_at, processed_at, last_error,
@@ -62,8 +64,10 @@ SELECT gen_random_uuid(), ($2::text[])[1 + g % 5],
        c.at
 FROM generate_series(1, $1) AS g,
      LATERAL (SELECT now() - interval '30 days' + (g::float8 / $1) * interval '30 days' AS at) c,
-     LATERAL (SELECT CASE WHEN g % 1000 < 10 THEN 'Failed' WHEN g % 1000 < 15 THEN 'Pending'
-                          WHEN g % 1000 = 15 THEN 'Processing' ELSE 'Processed' END AS status) s
+     LATERAL (SELECT CASE WHEN g > $1 - $1 * 6 / 1000
+                          THEN CASE WHEN g % 6 = 0 THEN 'Processing' ELSE 'Pending' END
+                          WHEN g % 100 = 7 THEN 'Failed'
+                          ELSE 'Processed' END AS status) s
 """
 ATTEMPTS = """
 INSERT INTO outbox_attempts (outbox_message_id, attempt_number, lease_token, started_at,
@@ -120,7 +124,7 @@ async def explain_list(conn: Any, query: MessageQuery) -> list[list[str]]:
     args = store.console_message_arguments(wanted, query.after, query.limit + 1)
     async with conn.transaction():
         await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-        text = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {QUERIES['console_messages']}", *args)
+        text = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {store.console_statement()}", *args)
     return scan_nodes(text)
 
 
@@ -163,11 +167,29 @@ async def measure_filters(conn: Any, rows: int, repeats: int) -> dict[str, Any]:
 
 
 async def measure_overview(conn: Any, repeats: int) -> dict[str, Any]:
+    """The overview through the console's code, and each of its statements alone."""
     timings, shown = await time_calls(repeats, lambda: operator.overview(conn, 3600.0, ENDPOINTS))
-    log(f"console overview: {median(timings):.1f} ms, counts {shown['counts']}")
+    parts = {
+        "backlog_status (Processed counted up to "
+        f"{operator.PROCESSED_COUNTED:,})": lambda: store.backlog_status(
+            conn, operator.PROCESSED_COUNTED
+        ),
+        "backlog_status (every row counted, as `status`)": lambda: store.backlog_status(conn),
+        "console_rates": lambda: conn.fetch(QUERIES["console_rates"]),
+        "console_failure_reasons": lambda: conn.fetch(
+            QUERIES["console_failure_reasons"], operator.FAILED_SAMPLE
+        ),
+        "console_held_keys": lambda: conn.fetch(QUERIES["console_held_keys"]),
+    }
+    each = {}
+    for name, call in parts.items():
+        part_timings, _ = await time_calls(repeats, call)
+        each[name] = _summary(part_timings)
+    log(f"console overview: {median(timings):.1f} ms, counts {shown['counts']}, parts {each}")
     return _summary(timings) | {
         "counts": shown["counts"],
-        "estimated": shown.get("estimated_counts", []),
+        "estimated": shown["estimated_counts"],
+        "parts": each,
     }
 
 
@@ -189,34 +211,48 @@ async def fill(conn: Any, rows: int) -> dict[str, float]:
     return seconds
 
 
+# The alternative weighed: one index over every row in the list's order.
+EVERY_ROW_INDEX = (
+    "CREATE INDEX outbox_messages_created_idx ON outbox_messages (created_at, outbox_message_id)"
+)
+WAL_ARMS: dict[str, dict[str, tuple[str, ...]]] = {
+    "without": {"drop": CONSOLE_INDEXES, "create": ()},
+    "with": {"drop": (), "create": ()},
+    "every_row_instead": {"drop": (CREATED_INDEX,), "create": (EVERY_ROW_INDEX,)},
+}
+
+
 async def measure_wal(
     receiver: ReceiverProcess, messages: int, runs: int, concurrency: int
 ) -> dict[str, Any]:
-    """WAL per delivered message with the console's indexes (as migrated) and without them."""
-    arms: dict[str, list[float]] = {"with": [], "without": []}
-    enqueued: dict[str, list[float]] = {"with": [], "without": []}
+    """WAL per message (enqueued and delivered) with the console's indexes (as migrated),
+    without them, and with an index over every row in place of the partial one."""
+    drained: dict[str, list[float]] = {arm: [] for arm in WAL_ARMS}
+    enqueued: dict[str, list[float]] = {arm: [] for arm in WAL_ARMS}
     for n in range(1, runs + 1):
-        for arm, drop in (("without", CONSOLE_INDEXES), ("with", ())):
+        for arm, change in WAL_ARMS.items():
             result = await drain_with(
-                receiver, messages, concurrency=concurrency, drop_indexes=drop
+                receiver,
+                messages,
+                concurrency=concurrency,
+                drop_indexes=change["drop"],
+                create_indexes=change["create"],
             )
-            arms[arm].append(result["wal_bytes_per_message"])
+            drained[arm].append(result["wal_bytes_per_message"])
             enqueued[arm].append(result["enqueue_wal_bytes_per_message"])
             log(
-                f"console WAL run {n} {arm} the console's indexes: drain "
-                f"{result['wal_bytes_per_message']} B/msg, enqueue "
-                f"{result['enqueue_wal_bytes_per_message']} B/msg"
+                f"console WAL run {n} {arm}: drain {result['wal_bytes_per_message']} B/msg, "
+                f"enqueue {result['enqueue_wal_bytes_per_message']} B/msg"
             )
-    with_ = median(arms["with"]) + median(enqueued["with"])
-    without = median(arms["without"]) + median(enqueued["without"])
+    total = {arm: median(drained[arm]) + median(enqueued[arm]) for arm in WAL_ARMS}
     return {
         "messages": messages,
-        "drain_wal_bytes_per_message": arms,
+        "drain_wal_bytes_per_message": drained,
         "enqueue_wal_bytes_per_message": enqueued,
-        # Enqueue and delivery together, per message: what the index adds to a message's life.
-        "with_median": with_,
-        "without_median": without,
-        "ratio": round(with_ / without, 3),
+        # Enqueue and delivery together, per message: what an index adds to a message's life.
+        "median_total": total,
+        "ratio": round(total["with"] / total["without"], 3),
+        "every_row_ratio": round(total["every_row_instead"] / total["without"], 3),
     }
 
 

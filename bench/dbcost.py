@@ -62,9 +62,10 @@ async def drain_with(
     endpoints: int = 1,
     concurrency: int = 16,
     drop_indexes: tuple[str, ...] = (),
+    create_indexes: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """A fresh backlog of ``messages`` drained by ``relays`` processes at once (without the
-    indexes ``drop_indexes``, to weigh what one costs)."""
+    indexes ``drop_indexes`` and with ``create_indexes``' statements: what an index costs)."""
     await receiver.reset()
     async with Database("dbcost") as db:
         conn = await db.connect()
@@ -72,6 +73,8 @@ async def drain_with(
             await db.migrate()
             for index in drop_indexes:
                 await conn.execute(f'DROP INDEX "{index}"')
+            for statement in create_indexes:
+                await conn.execute(statement)
             enqueue_start = await wal_lsn(conn)
             await enqueue_outbox(conn, messages)
             enqueued = await wal_bytes(conn, enqueue_start, await wal_lsn(conn))

@@ -951,8 +951,15 @@ class MessageFilter(NamedTuple):
 # The rows one call of the console's list reads at most (console_messages): a filter no index
 # serves answers from the newest this many rows, with a cursor to go on searching.
 CONSOLE_SCAN_LIMIT = 20_000
-# The statuses whose rows a partial index holds: the list's scan reads only them.
-_INDEXED_STATUSES = frozenset({"Failed", "Pending", "Processing"})
+
+
+def console_statement() -> str:
+    """``console_messages`` with the rows it reads, the ``console_scanned`` clause, spliced in."""
+    statement = QUERIES["console_messages"]
+    if statement.count("FROM console_scanned AS scanned") != 2:
+        raise ValueError("console_messages no longer has the shape console_scanned is spliced into")
+    clause = QUERIES["console_scanned"].strip().rstrip(";")
+    return statement.replace("FROM console_scanned AS scanned", f"FROM ({clause}) AS scanned")
 
 
 def console_message_arguments(
@@ -973,7 +980,7 @@ def console_message_arguments(
         wanted.error,
         *(after or (None, None)),
         limit,
-        wanted.status if wanted.status in _INDEXED_STATUSES else None,
+        wanted.status,
         scan_limit or CONSOLE_SCAN_LIMIT,
     )
 
@@ -997,7 +1004,7 @@ async def console_messages(
     async with _acquired(conn) as connection, connection.transaction():
         await connection.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
         await connection.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-        rows = await connection.fetch(QUERIES["console_messages"], *arguments)
+        rows = await connection.fetch(console_statement(), *arguments)
     return [dict(row) for row in rows]
 
 

@@ -988,55 +988,81 @@ FROM outbox_endpoints
 WHERE reopen_at IS NOT NULL
 ORDER BY event_type, endpoint;
 
+-- console_scanned --
+-- Not a statement: the clause the console's list reads from (store.console_statement), the newest
+-- $13 rows after the page before ($9/$10), within the created_at range [$6, $7), of status $12 when
+-- given: the newest $13 of each status, from its own index read backwards (Processed:
+-- outbox_messages_processed_order_idx; Failed: outbox_messages_failed_order_idx; the backlog,
+-- Pending and Processing: the due index, sorted), merged. However many rows match or none, a call
+-- reads at most $13 rows of each.
+SELECT * FROM (
+    (SELECT outbox_message_id, event_type, status, attempt_count, created_at, next_attempt_at,
+            processed_at, ordering_key, last_error, endpoint_state
+     FROM outbox_messages
+     WHERE status = 'Processed' AND ($12::text IS NULL OR $12::text = 'Processed')
+       AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
+       AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
+       AND ($9::timestamptz IS NULL
+            OR (created_at, outbox_message_id) < ($9::timestamptz, $10::uuid))
+     ORDER BY created_at DESC, outbox_message_id DESC
+     LIMIT $13)
+    UNION ALL
+    (SELECT outbox_message_id, event_type, status, attempt_count, created_at, next_attempt_at,
+            processed_at, ordering_key, last_error, endpoint_state
+     FROM outbox_messages
+     WHERE status = 'Failed' AND ($12::text IS NULL OR $12::text = 'Failed')
+       AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
+       AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
+       AND ($9::timestamptz IS NULL
+            OR (created_at, outbox_message_id) < ($9::timestamptz, $10::uuid))
+     ORDER BY created_at DESC, outbox_message_id DESC
+     LIMIT $13)
+    UNION ALL
+    (SELECT outbox_message_id, event_type, status, attempt_count, created_at, next_attempt_at,
+            processed_at, ordering_key, last_error, endpoint_state
+     FROM outbox_messages
+     WHERE status IN ('Pending', 'Processing') AND ($12::text IS NULL OR status = $12::text)
+       AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
+       AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
+       AND ($9::timestamptz IS NULL
+            OR (created_at, outbox_message_id) < ($9::timestamptz, $10::uuid))
+     ORDER BY created_at DESC, outbox_message_id DESC
+     LIMIT $13)
+) AS merged
+ORDER BY created_at DESC, outbox_message_id DESC
+LIMIT $13
+
 -- console_messages --
--- One page of the console's message list, newest first, keyset-paged on (created_at, id), every
--- call reading a bounded number of rows. "scanned" walks the rows newest first after the page
--- before ($9/$10), within the created_at range [$6, $7), of status $12 when given (Failed, Pending
--- and Processing have partial indexes; for any other status it is NULL), at most $13 of them:
--- outbox_messages_created_idx (or outbox_messages_failed_order_idx) read backwards. The other
--- filters apply to those rows, each when not NULL: $1 status, $2 event type, $3/$4 an endpoint (the
--- event types that have it, $3, and its name, $4: a row without endpoint state is where its status
--- says at every endpoint), $5 ordering key, $8 text in last_error; $11 rows. When the scan reached
--- its bound, one more row (scan_end) is the last row it read: the next call goes on from there.
-WITH scanned AS MATERIALIZED (
+-- One page of the console's message list, newest first, keyset-paged on (created_at, id): of the
+-- rows console_scanned reads (spliced in for "console_scanned" by store.console_statement), those
+-- that every filter given matches: $1 status, $2 event type, $3/$4 an endpoint (the event types
+-- that have it, $3, and its name, $4: a row without endpoint state is where its status says at
+-- every endpoint), $5 ordering key, $8 text in last_error; at most $11, the scan read only as far
+-- as the page needs. When the page is short and the scan read all its $13 rows, one more row
+-- (scan_end) is the last row it read: the next call goes on from there.
+WITH page AS (
     SELECT outbox_message_id, event_type, status, attempt_count, created_at, next_attempt_at,
-           processed_at, ordering_key, left(last_error, 300) AS last_error, endpoint_state,
-           last_error AS full_error
-    FROM outbox_messages
-    WHERE ($12::text IS NULL OR status = $12::text)
-      AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
-      AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
-      AND ($9::timestamptz IS NULL
-           OR (created_at, outbox_message_id) < ($9::timestamptz, $10::uuid))
-    ORDER BY created_at DESC, outbox_message_id DESC
-    LIMIT $13
-),
-page AS (
-    SELECT outbox_message_id, event_type, status, attempt_count, created_at, next_attempt_at,
-           processed_at, ordering_key, last_error, false AS scan_end
-    FROM scanned
+           processed_at, ordering_key, left(last_error, 300) AS last_error, false AS scan_end
+    FROM console_scanned AS scanned
     WHERE ($1::text IS NULL OR status = $1::text)
       AND ($2::text IS NULL OR event_type = $2::text)
       AND ($3::text[] IS NULL
            OR (event_type = ANY ($3::text[])
                AND (endpoint_state IS NULL OR endpoint_state ? $4::text)))
       AND ($5::text IS NULL OR ordering_key = $5::text)
-      AND ($8::text IS NULL OR strpos(lower(full_error), lower($8::text)) > 0)
+      AND ($8::text IS NULL OR strpos(lower(last_error), lower($8::text)) > 0)
     ORDER BY created_at DESC, outbox_message_id DESC
     LIMIT $11
-),
-scan_end AS (
-    SELECT outbox_message_id, created_at
-    FROM scanned
-    WHERE (SELECT count(*) FROM scanned) >= $13
-    ORDER BY created_at, outbox_message_id
-    LIMIT 1
 )
 SELECT * FROM page
 UNION ALL
 SELECT outbox_message_id, NULL, NULL, NULL, created_at, NULL, NULL, NULL, NULL, true
-FROM scan_end
-ORDER BY scan_end, created_at DESC, outbox_message_id DESC;
+FROM (SELECT created_at, outbox_message_id
+      FROM console_scanned AS scanned
+      ORDER BY created_at DESC, outbox_message_id DESC
+      OFFSET $13 - 1
+      LIMIT 1) AS scan_end
+WHERE (SELECT count(*) FROM page) < $11;
 
 -- console_rates --
 -- Deliveries and failed attempts per minute over the last hour, from the attempt history
