@@ -1021,7 +1021,9 @@ SELECT * FROM (
     (SELECT outbox_message_id, event_type, status, attempt_count, created_at, next_attempt_at,
             processed_at, ordering_key, last_error, endpoint_state
      FROM outbox_messages
-     WHERE status IN ('Pending', 'Processing') AND ($12::text IS NULL OR status = $12::text)
+     WHERE status IN ('Pending', 'Processing')
+       AND ($12::text IS NULL OR $12::text IN ('Pending', 'Processing'))
+       AND ($12::text IS NULL OR status = $12::text)
        AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
        AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
        AND ($9::timestamptz IS NULL
