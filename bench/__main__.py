@@ -21,7 +21,9 @@ Figures, each repeated and reported as a median:
   message, and the slowest lease;
 - fanout: the database's cost per delivery with two endpoints per event type against one;
 - instructions: instructions per message of the raw client, the floor and the relay (valgrind),
-  which do not move with the machine's load as CPU seconds do.
+  which do not move with the machine's load as CPU seconds do;
+- console: the first page of each of the console's filters and its overview over 10M messages,
+  and the WAL per message with and without the index its unfiltered list reads.
 
 Throughput, scale-out and fan-out read WAL and PostgreSQL CPU on a private embedded server.
 
@@ -37,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    console,
     dbcost,
     instructions,
     isolation,
@@ -61,6 +64,7 @@ PHASES = (
     "scaleout",
     "fanout",
     "instructions",
+    "console",
 )
 SMOKE = {
     "messages": 500,
@@ -96,6 +100,10 @@ SMOKE = {
     "fanout_runs": 1,
     "instructions_small": 50,
     "instructions_large": 150,
+    "console_rows": 20_000,
+    "console_repeats": 3,
+    "console_wal_messages": 500,
+    "console_wal_runs": 1,
 }
 
 
@@ -140,17 +148,19 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--fanout-runs", type=int, default=3)
     add("--instructions-small", type=int, default=1_000, help="the smaller drain under valgrind")
     add("--instructions-large", type=int, default=5_000, help="the larger drain under valgrind")
+    console.add_arguments(parser)
     add("--skip", default="", help=f"comma-separated phases to skip: {', '.join(PHASES)}")
     add("--output-json", type=Path, help="write the results here")
     add("--plot", type=Path, help="write the PNG plot here")
     add("--smoke", action="store_true", help="tiny sizes, correctness only (for CI)")
     args = parser.parse_args(argv)
     if args.smoke:
-        for key, value in SMOKE.items():
-            setattr(args, key, value)
+        vars(args).update(SMOKE)
         scratch = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
-        args.output_json = args.output_json or scratch / "results.json"
-        args.plot = args.plot or scratch / "results.png"
+        vars(args).update(
+            output_json=args.output_json or scratch / "results.json",
+            plot=args.plot or scratch / "results.png",
+        )
     return args
 
 
@@ -248,6 +258,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     with ReceiverProcess() as receiver:
         results.update(await delivery_phases(args, skip, receiver))
         results.update(await cost_phases(args, skip, receiver))
+        if "console" not in skip:
+            results["console"] = await console.measure(
+                receiver,
+                rows=args.console_rows,
+                repeats=args.console_repeats,
+                wal_messages=args.console_wal_messages,
+                wal_runs=args.console_wal_runs,
+                concurrency=args.concurrency,
+            )
     if "scale" not in skip:
         results["scale"] = await scale.measure(
             small=args.scale_small,

@@ -61,14 +61,23 @@ async def drain_with(
     relays: int = 1,
     endpoints: int = 1,
     concurrency: int = 16,
+    drop_indexes: tuple[str, ...] = (),
+    create_indexes: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """A fresh backlog of ``messages`` drained by ``relays`` processes at once."""
+    """A fresh backlog of ``messages`` drained by ``relays`` processes at once (without the
+    indexes ``drop_indexes`` and with ``create_indexes``' statements: what an index costs)."""
     await receiver.reset()
     async with Database("dbcost") as db:
         conn = await db.connect()
         try:
             await db.migrate()
+            for index in drop_indexes:
+                await conn.execute(f'DROP INDEX "{index}"')
+            for statement in create_indexes:
+                await conn.execute(statement)
+            enqueue_start = await wal_lsn(conn)
             await enqueue_outbox(conn, messages)
+            enqueued = await wal_bytes(conn, enqueue_start, await wal_lsn(conn))
             await settle(conn)
             server = bench_server()
             if server is not None:
@@ -108,6 +117,7 @@ async def drain_with(
         "messages": messages,
         "requests": stats.requests,
         "wal_bytes_per_message": round(written / messages, 1),
+        "enqueue_wal_bytes_per_message": round(enqueued / messages, 1),
         "wal_bytes_per_delivery": round(written / deliveries, 1),
         "postgres_cpu_us_per_message": round(cpu["postgres"] / messages * 1e6, 1),
         "postgres_cpu_us_per_delivery": round(cpu["postgres"] / deliveries * 1e6, 1),

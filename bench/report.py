@@ -599,6 +599,20 @@ def _lease_lines(doc: dict[str, Any]) -> list[str]:
             f"{o['all_unkeyed_seconds']:g} s, all of other keys {o['all_keyed_seconds']:g} s "
             f"({o['all_keyed_leases']} leases) | |"
         )
+    if "console" in doc:
+        c = doc["console"]
+        pages = c["list"]
+        slowest = max(pages, key=lambda name: pages[name]["ms_median"])
+        lines.append(
+            f"| console over {c['rows']:,} rows: first page with no filter / status=Failed / "
+            f"slowest ({slowest}); overview | {pages['none']['ms_median']:g} / "
+            f"{pages['status=Failed']['ms_median']:g} / {pages[slowest]['ms_median']:g} ms; "
+            f"{c['overview']['ms_median']:g} ms | |"
+        )
+        lines.append(
+            f"| console's indexes: WAL per message with ÷ without (an index over every row "
+            f"instead) | {c['wal']['ratio']:g} ({c['wal']['every_row_ratio']:g}) | |"
+        )
     if "isolation" in doc:
         iso = doc["isolation"]
         lines.append(

@@ -34,6 +34,7 @@ from outbox.core.signing import Signer
 from outbox.core.telemetry import Telemetry
 from outbox.hosting.cli import run_on_loop
 from outbox.relay.runtime import Relay
+from outbox.store import postgres
 from outbox.transport.publisher import Publisher, build_body, build_headers, make_session
 
 # The seed design's per-row outcome write (one statement per message).
@@ -142,18 +143,18 @@ async def run_relay(args: argparse.Namespace, telemetry: Telemetry | None = None
 
 
 def time_leases(durations: list[float]) -> None:
-    """Record the duration of every lease statement this process runs into ``durations``
-    (the relay leases through its store, ``store.PostgresStore``)."""
-    lease_batch = store.PostgresStore.lease_batch
+    """Record the duration of every lease statement this process runs into ``durations``."""
+    lease_batch = postgres.lease_batch
 
-    async def timed(self: store.PostgresStore, *args: Any, **kwargs: Any) -> store.Lease:
+    async def timed(*args: Any, **kwargs: Any) -> store.Lease:
         started = time.perf_counter()
         try:
-            return await lease_batch(self, *args, **kwargs)
+            return await lease_batch(*args, **kwargs)
         finally:
             durations.append(time.perf_counter() - started)
 
-    store.PostgresStore.lease_batch = timed  # type: ignore[assignment,method-assign]
+    # The store's method calls the module's function: patched there, every lease is timed.
+    postgres.lease_batch = timed  # type: ignore[assignment]
 
 
 class Untraced(Telemetry):

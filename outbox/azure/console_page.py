@@ -95,11 +95,12 @@ a.link { color: #1a56db; cursor: pointer; text-decoration: underline; }
     </form>
     <div id="plan" class="notice hidden">
       <span id="plan-text"></span>
-      <button type="button" id="requeue-run">Requeue them</button>
+      <button type="button" id="requeue-run" data-batch="500">Requeue them</button>
       <button type="button" id="requeue-cancel">Cancel</button>
     </div>
     <table id="messages"></table>
     <button type="button" id="more" class="hidden">Next page</button>
+    <p id="scan-limited"></p>
   </section>
   <section id="detail" class="hidden">
     <h2>Message <span id="detail-id"></span></h2>
@@ -241,11 +242,15 @@ a.link { color: #1a56db; cursor: pointer; text-decoration: underline; }
   function showOverview(data) {
     const counts = $("counts");
     counts.replaceChildren();
+    const estimated = data.estimated_counts || [];
     Object.entries(data.counts).forEach(([status, n]) => {
       const box = el("div", null, "count");
       box.id = "count-" + status;
-      box.appendChild(el("b", n));
-      box.appendChild(document.createTextNode(status));
+      const guess = estimated.includes(status);
+      const figure = el("b", (guess ? "~" : "") + n);
+      if (guess) figure.title = "an estimate: too many rows to count at each refresh";
+      box.appendChild(figure);
+      box.appendChild(document.createTextNode(guess ? status + " (estimate)" : status));
       counts.appendChild(box);
     });
     const age = data.oldest_unpublished_age_seconds;
@@ -326,6 +331,10 @@ a.link { color: #1a56db; cursor: pointer; text-decoration: underline; }
       }
       nextCursor = page.next;
       $("more").className = page.next ? "" : "hidden";
+      $("scan-limited").textContent = page.scan_limited
+        ? "searched the latest " + page.scan_limit + " messages of this page's range: " +
+          "\u201cmore\u201d searches further (a time range or a status narrows the search)"
+        : "";
     } catch (e) { notice(e.message, true); }
   }
 
@@ -378,24 +387,36 @@ a.link { color: #1a56db; cursor: pointer; text-decoration: underline; }
     try {
       const body = requeueBody(readFilter());
       const dry = await call("POST", "/requeue", Object.assign({ dry_run: true }, body));
-      plan = { body: body, actionId: crypto.randomUUID() };
+      plan = { body: body, actionId: crypto.randomUUID(), total: dry.requeued };
       $("plan-text").textContent = "Dry run: " + dry.requeued +
         " Failed message(s) match; they go again to: " + (dry.endpoints || []).join(", ");
       $("plan").className = "notice";
     } catch (e) { notice(e.message, true); }
   }
 
+  // One batch per call under the plan's action id, until the requeue is done: the progress shows
+  // after each. A failed call stops the loop; "Requeue them" again goes on where it stopped (the
+  // same action id: no row is requeued twice).
+  let requeueing = false;
   async function runRequeue() {
-    if (!plan) return;
+    if (!plan || requeueing) return;
+    requeueing = true;
+    const size = Number($("requeue-run").dataset.batch);
     try {
-      const done = await call("POST", "/requeue",
-        Object.assign({ action_id: plan.actionId }, plan.body));
-      const again = done.repeated ? " (already done)" : "";
-      notice("Requeued " + done.requeued + " message(s)" + again);
+      let step = { done: false, requeued: 0 };
+      while (!step.done) {
+        step = await call("POST", "/requeue",
+          Object.assign({ action_id: plan.actionId, batch_size: size }, plan.body));
+        if (step.in_progress) throw new Error("this requeue is running elsewhere: try again");
+        $("plan-text").textContent = "Requeued " + step.requeued + " of " + plan.total + "…";
+      }
+      notice("Requeued " + step.requeued + " of " + plan.total + " message(s)");
       $("plan").className = "notice hidden";
       plan = null;
       refresh(); search();
-    } catch (e) { notice(e.message, true); }
+    } catch (e) {
+      notice(e.message + " (Requeue them again goes on where it stopped)", true);
+    } finally { requeueing = false; }
   }
 
   async function resend() {

@@ -149,16 +149,38 @@ async def on_requeue_request(body: bytes, who: str = "key:none") -> HttpResult:
     """HTTP trigger: ``POST /api/outbox/requeue`` with a JSON body naming the Failed rows.
 
     A requeue that is not a dry run is recorded as an action of ``who`` (a key's identity), once
-    per ``action_id``: the same id sent again answers with the first one's result."""
+    per ``action_id``: the same id sent again answers with the first one's result. With
+    ``batch_size`` (and an ``action_id``), each call requeues one batch, going on from the last
+    one of that action, and answers with the running count and whether it is ``done``."""
     wanted = parse_requeue(body)
     relay = await functions_host.relay()
-    report = await operator.requeue(
-        relay.pool, wanted.filter, dry_run=wanted.dry_run, actor=who, action_id=wanted.action_id
-    )
+    if wanted.batch_size is not None and not wanted.dry_run and wanted.action_id is not None:
+        report = await operator.requeue_batch(
+            relay.pool,
+            wanted.filter,
+            batch_size=wanted.batch_size,
+            actor=who,
+            action_id=wanted.action_id,
+        )
+        now = report.get("batch_requeued", 0)
+    else:
+        report = await operator.requeue(
+            relay.pool,
+            wanted.filter,
+            dry_run=wanted.dry_run,
+            actor=who,
+            action_id=wanted.action_id,
+        )
+        now = 0 if wanted.dry_run or report.get("repeated") else report["requeued"]
     log_event(
-        logger, logging.INFO, "outbox.requeue", requeued=report["requeued"], dry_run=wanted.dry_run
+        logger,
+        logging.INFO,
+        "outbox.requeue",
+        requeued=now,
+        dry_run=wanted.dry_run,
+        done=report.get("done", True),
     )
-    if report["requeued"] and not wanted.dry_run and not report.get("repeated"):
+    if now:
         await relay.wake_now()  # due now: a drain takes them at once, not at the next sweep
     return 200, report
 
@@ -184,7 +206,7 @@ Query = Sequence[tuple[str, str]]
 def parse_requeue(body: bytes) -> requests.RequeueRequest:
     """The requeue request body: ``{"message_ids": [...], "event_type": …, "endpoint": …,
     "error": …, "created_from": …, "created_to": …, "all_failed": bool, "dry_run": bool,
-    "action_id": …}``."""
+    "action_id": …, "batch_size": N}``."""
     return requests.parse(requests.RequeueRequest, _json_object(body), unknown=BODY_UNKNOWN)
 
 

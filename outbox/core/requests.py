@@ -28,6 +28,8 @@ from pydantic import (
 from outbox.core.errors import BadRequestError
 
 HTTP_MAX_BUDGET_SECONDS = 120.0
+# The most Failed rows one call of a requeue in batches sets back to Pending.
+MAX_REQUEUE_BATCH = 10_000
 
 # What each field must be, said after its name when it is of the wrong kind.
 MUST_BE = {
@@ -41,6 +43,7 @@ MUST_BE = {
     "endpoint": "must be an endpoint's name",
     "error": "must be a non-empty string",
     "action_id": "must be a non-empty string",
+    "batch_size": f"must be a whole number from 1 to {MAX_REQUEUE_BATCH}",
 }
 # A body's fields are named as they are written.
 FIELD_NAMES: Mapping[str, str] = {name: name for name in MUST_BE}
@@ -56,6 +59,7 @@ FLAG_NAMES: Mapping[str, str] = {
     "endpoint": "--endpoint",
     "error": "--error",
     "action_id": "--action-id",
+    "batch_size": "--batch-size",
 }
 
 
@@ -138,6 +142,8 @@ class RequeueRequest(_Request):
     dry_run: bool = False
     # Chosen by the client: the same requeue sent again (a repeated click, a retry) runs once.
     action_id: Text = None
+    # One batch of at most this many rows per call, going on from the last batch of action_id.
+    batch_size: int | None = None
 
     @property
     def filter(self) -> RequeueFilter:
@@ -164,9 +170,21 @@ class RequeueRequest(_Request):
                 raise ValueError("is not valid UTF-8 text (it holds a lone surrogate)") from None
         return value
 
+    @field_validator("batch_size")
+    @classmethod
+    def _batch(cls, value: int | None) -> int | None:
+        if value is not None and not 1 <= value <= MAX_REQUEUE_BATCH:
+            raise ValueError(MUST_BE["batch_size"])
+        return value
+
     @model_validator(mode="after")
     def _clear(self, info: ValidationInfo) -> Self:
         names = _names(info)
+        if self.batch_size is not None and self.action_id is None and not self.dry_run:
+            raise ValueError(
+                f"{names['batch_size']} needs {names['action_id']}: each batch goes on from "
+                "the last one of that action"
+            )
         narrowed = any(
             value is not None
             for value in (

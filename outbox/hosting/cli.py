@@ -331,7 +331,8 @@ async def run_list(conn: Any, settings: Settings, args: argparse.Namespace) -> i
     if args.json:
         emit(page)
     else:
-        print(message_table(page["messages"], page["next"]))
+        searched = page["scan_limit"] if page["scan_limited"] else None
+        print(message_table(page["messages"], page["next"], searched))
     return EXIT_OK
 
 

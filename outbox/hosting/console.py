@@ -95,9 +95,12 @@ def quiet_libraries() -> None:
 MAX_SHOWN_ERROR_CHARS = 80
 
 
-def message_table(messages: list[dict[str, object]], following: str | None) -> str:
+def message_table(
+    messages: list[dict[str, object]], following: str | None, searched: int | None = None
+) -> str:
     """``python -m outbox list``'s lines: one per message, its text with control characters
-    escaped (an event type or an error cannot forge a line), then the next page's cursor."""
+    escaped (an event type or an error cannot forge a line), then the next page's cursor
+    (``searched``: the page's search stopped after that many rows, and the cursor goes on)."""
     lines = []
     for message in messages:
         error = str(message.get("last_error") or "")
@@ -111,7 +114,9 @@ def message_table(messages: list[dict[str, object]], following: str | None) -> s
             error,
         ]
         lines.append("  ".join(escape_controls(str(field)) for field in fields))
-    if not messages:
+    if searched is not None:
+        lines.append(f"searched the newest {searched:,} rows of this range only")
+    elif not messages:
         lines.append("no message matches")
     if following:
         lines.append(f"more: --after {following}")

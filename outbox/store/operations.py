@@ -44,13 +44,19 @@ class BacklogStatus:
     alert_threshold_seconds: float
     healthy: bool
     problems: list[str] = field(default_factory=list)
+    # Statuses whose count is an estimate (the console's overview, over many Processed rows).
+    estimated_counts: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 async def backlog_status(
-    conn: store.Connection, threshold_seconds: float, *, telemetry: Telemetry | None = None
+    conn: store.Connection,
+    threshold_seconds: float,
+    *,
+    telemetry: Telemetry | None = None,
+    processed_up_to: int | None = None,
 ) -> BacklogStatus:
     """The backlog's health against ``OUTBOX_ALERT_OLDEST_PENDING_SECONDS``.
 
@@ -59,9 +65,11 @@ async def backlog_status(
     ordering keys held by a Failed row, the rows held back age and trip the alert anyway.
 
     Its figures also feed the backlog gauges of ``telemetry`` (by default the process's).
+    With ``processed_up_to``, Processed rows are counted up to that many, beyond which their
+    count is estimated from the table's row estimate and listed in ``estimated_counts``.
     """
     sent = time.time()
-    row = await store.backlog_status(conn)
+    row = await store.backlog_status(conn, processed_up_to)
     breakers = await store.open_breakers(conn)
     paused = await store.paused_endpoints(conn)
     offset = (sent + time.time()) / 2 - row["database_now"]
@@ -79,6 +87,11 @@ async def backlog_status(
             "synchronisation (NTP)"
         )
     counts = {str(s): row[str(s).lower()] for s in Status}
+    estimated = []
+    if processed_up_to is not None and counts["Processed"] >= processed_up_to:
+        others = counts["Pending"] + counts["Processing"] + counts["Failed"]
+        counts["Processed"] = max(processed_up_to, (row["estimated_rows"] or 0) - others)
+        estimated.append("Processed")
     (telemetry or process_telemetry()).record_backlog(Backlog(counts, oldest, len(breakers)))
     return BacklogStatus(
         counts=counts,
@@ -109,6 +122,7 @@ async def backlog_status(
             for p in paused
         ],
         alert_threshold_seconds=threshold_seconds,
+        estimated_counts=estimated,
         healthy=not problems,
         problems=problems,
     )

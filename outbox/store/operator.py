@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
+from outbox.core import requests
 from outbox.core.errors import BadRequestError, DatabaseError
 from outbox.core.queries import MessageQuery, cursor
 from outbox.core.requests import RequeueFilter
@@ -26,6 +27,9 @@ from outbox.store import postgres as store
 # The list's scan is cut off after this long: a filter no index serves must be narrowed (a time
 # range) rather than read the whole table.
 LIST_TIMEOUT_MS = 3000
+# The overview counts Processed rows up to this many, then estimates (the count is labelled so):
+# counting every row of a table of 10M reads them all.
+PROCESSED_COUNTED = 100_000
 # Failures are grouped by reason over the latest Failed messages, at most this many.
 FAILED_SAMPLE = 10_000
 MAX_PAYLOAD_CHARS = 100_000
@@ -42,12 +46,16 @@ Endpoints = Mapping[str, Sequence[str]]
 async def overview(
     conn: store.Connection, threshold_seconds: float, endpoints: Endpoints
 ) -> dict[str, Any]:
-    """Counts by status, the oldest unpublished age, deliveries and failures per minute over the
+    """Counts by status (Processed estimated beyond ``PROCESSED_COUNTED``, then named in
+    ``estimated_counts``), the oldest unpublished age, deliveries and failures per minute over the
     last hour, open and paused endpoints, held ordering keys, failures grouped by reason."""
-    status = await operations.backlog_status(conn, threshold_seconds)
+    status = await operations.backlog_status(
+        conn, threshold_seconds, processed_up_to=PROCESSED_COUNTED
+    )
     figures = await store.console_overview(conn, FAILED_SAMPLE)
     return {
         "counts": status.counts,
+        "estimated_counts": status.estimated_counts,
         "oldest_unpublished_age_seconds": status.oldest_unpublished_age_seconds,
         "healthy": status.healthy,
         "problems": status.problems,
@@ -65,14 +73,12 @@ async def overview(
     }
 
 
-async def list_messages(
-    conn: store.Connection, query: MessageQuery, endpoints: Endpoints
-) -> dict[str, Any]:
-    """One page of messages matching ``query``, newest first, and the cursor of the next."""
+def message_filter(query: MessageQuery, endpoints: Endpoints) -> store.MessageFilter:
+    """The store's filter for ``query`` (an endpoint becomes the event types that have it)."""
     endpoint_of = None
     if query.endpoint is not None:
         endpoint_of = [t for t, names in endpoints.items() if query.endpoint in names]
-    wanted = store.MessageFilter(
+    return store.MessageFilter(
         query.status,
         query.event_type,
         query.endpoint,
@@ -82,6 +88,15 @@ async def list_messages(
         query.created_to,
         query.error,
     )
+
+
+async def list_messages(
+    conn: store.Connection, query: MessageQuery, endpoints: Endpoints
+) -> dict[str, Any]:
+    """One page of messages matching ``query``, newest first, and the cursor of the next. Each
+    call reads at most ``store.CONSOLE_SCAN_LIMIT`` rows: when a filter no index serves found
+    fewer than a page among them, ``scan_limited`` is true and ``next`` goes on searching."""
+    wanted = message_filter(query, endpoints)
     try:
         rows = await store.console_messages(
             conn, wanted, query.after, query.limit + 1, timeout_ms=LIST_TIMEOUT_MS
@@ -90,12 +105,22 @@ async def list_messages(
         if exc.kind == "QueryCanceledError":
             raise BadRequestError(NARROW) from None
         raise
-    page = rows[: query.limit]
-    following = None
-    if len(rows) > query.limit:
+    found = [row for row in rows if not row["scan_end"]]
+    scan_end = [row for row in rows if row["scan_end"]]
+    page = found[: query.limit]
+    following, limited = None, False
+    if len(found) > query.limit:
         last = page[-1]
         following = cursor(last["created_at"], last["outbox_message_id"])
-    return {"messages": [_listed(row) for row in page], "next": following}
+    elif scan_end:
+        following = cursor(scan_end[0]["created_at"], scan_end[0]["outbox_message_id"])
+        limited = True
+    return {
+        "messages": [_listed(row) for row in page],
+        "next": following,
+        "scan_limited": limited,
+        "scan_limit": store.CONSOLE_SCAN_LIMIT,
+    }
 
 
 async def message(conn: store.Connection, message_id: UUID) -> dict[str, Any] | None:
@@ -195,6 +220,59 @@ async def requeue(
 
     shown = _jsonable({k: v for k, v in asdict(wanted).items() if v not in (None, False)})
     return await act(conn, "requeue", shown, run, actor=actor, action_id=action_id)
+
+
+async def requeue_batch(
+    conn: store.Connection,
+    wanted: RequeueFilter,
+    *,
+    batch_size: int,
+    actor: str,
+    action_id: str,
+) -> dict[str, Any]:
+    """One batch of a requeue recorded as ``action_id``: the first call records it, each call
+    sets back at most ``batch_size`` more Failed rows, going on where the last batch ended, and
+    answers with the running count (``requeued``), this call's (``batch_requeued``) and whether
+    it is ``done``. A call repeated or retried goes on from the last batch that committed (no
+    row is requeued twice under one action); one after the last batch requeues nothing."""
+    checked = requests.parse(requests.RequeueRequest, asdict(wanted)).filter
+    shown = _jsonable({k: v for k, v in asdict(checked).items() if v not in (None, False)})
+    filter_json = json.dumps(shown)
+    claimed = await store.claim_action(
+        conn, action_id, "requeue", filter_json, dry_run=False, actor=actor
+    )
+    if claimed:
+        fresh = {"requeued": 0, "batches": 0, "done": False, "after": None}
+        await store.finish_action(conn, action_id, 0, json.dumps(fresh))
+    else:
+        earlier = await store.show_action(conn, action_id)
+        if earlier is None or earlier["action"] != "requeue":
+            raise BadRequestError(f"action_id {action_id!r} was used for another action")
+        if json.loads(earlier["filter"]) != shown:
+            raise BadRequestError(f"action_id {action_id!r} was used for another filter")
+    ids = list(checked.message_ids) if checked.message_ids is not None else None
+    step = await store.requeue_failed_step(
+        conn,
+        action_id,
+        (ids, checked.event_type, checked.created_from, checked.created_to),
+        batch_size=batch_size,
+        endpoint=checked.endpoint,
+        error=checked.error,
+    )
+    if step.progress is None:
+        return {"action_id": action_id, "in_progress": True, "repeated": True, "done": False}
+    return {
+        "requeued": step.progress["requeued"],
+        "batch_requeued": len(step.rows),
+        "batches": step.progress.get("batches", 1),
+        "done": step.progress.get("done", True),
+        "dry_run": False,
+        "message_ids": [
+            str(r["outbox_message_id"]) for r in step.rows[: operations.MAX_LISTED_IDS]
+        ],
+        "action_id": action_id,
+        "repeated": not step.rows and not claimed,
+    }
 
 
 MAX_RESENT = 1000
@@ -302,7 +380,7 @@ def _key_filter(key: tuple[str, str]) -> dict[str, Any]:
 
 
 def _listed(row: Mapping[str, Any]) -> dict[str, Any]:
-    listed: dict[str, Any] = _jsonable(dict(row))
+    listed: dict[str, Any] = _jsonable({k: v for k, v in row.items() if k != "scan_end"})
     return listed
 
 

@@ -513,9 +513,10 @@ def _attempt_row(record: Recorded, delivered: Delivered) -> AttemptRow:
 
 
 @database_boundary
-async def backlog_status(conn: Connection) -> dict[str, Any]:
-    """Counts by status, the oldest due / unpublished / failed ages, and expired leases."""
-    return dict(await conn.fetchrow(QUERIES["backlog_status"]))
+async def backlog_status(conn: Connection, processed_up_to: int | None = None) -> dict[str, Any]:
+    """Counts by status, the oldest due / unpublished / failed ages, and expired leases;
+    Processed rows counted up to ``processed_up_to`` (None: all)."""
+    return dict(await conn.fetchrow(QUERIES["backlog_status"], processed_up_to))
 
 
 class Requeued(NamedTuple):
@@ -563,6 +564,59 @@ async def requeue_failed(
         if len(rows) < batch_size:
             return Requeued(total, first)
         after = (rows[-1]["created_at"], rows[-1]["outbox_message_id"])
+
+
+class RequeueStep(NamedTuple):
+    """One batch of a requeue in batches: the rows it set back to Pending, in the batch's order
+    ``(created_at, id)``, and the action's progress after it (``requeued`` so far, ``batches``,
+    ``done``, ``after``: where the next batch starts); ``None`` when the action is not recorded."""
+
+    rows: list[dict[str, Any]]
+    progress: dict[str, Any] | None
+
+
+@database_boundary
+async def requeue_failed_step(
+    conn: Connection,
+    action_id: str,
+    wanted: Sequence[Any],
+    *,
+    batch_size: int,
+    endpoint: str | None = None,
+    error: str | None = None,
+) -> RequeueStep:
+    """The next batch of the requeue recorded as ``action_id``, after where its progress says
+    the last one ended (``wanted``: requeue_failed's $1…$4). The batch and its progress commit
+    together, under the action's row lock: a retried call goes on from the last batch that
+    committed, and no row is requeued twice under one action. A requeue done already (its last
+    batch, or in one call) does nothing more."""
+    async with _acquired(conn) as connection, connection.transaction():
+        row = await connection.fetchrow(QUERIES["lock_action"], action_id)
+        if row is None or row["result"] is None:
+            return RequeueStep([], None)
+        progress: dict[str, Any] = json.loads(row["result"])
+        if progress.get("done", True):
+            return RequeueStep([], progress)
+        last = progress["after"]
+        after = (datetime.fromisoformat(last[0]), UUID(last[1])) if last else (None, None)
+        rows = [
+            dict(r)
+            for r in await connection.fetch(
+                QUERIES["requeue_failed"], *wanted, *after, batch_size, endpoint, error
+            )
+        ]
+        if rows:
+            last = [rows[-1]["created_at"].isoformat(), str(rows[-1]["outbox_message_id"])]
+        progress = {
+            "requeued": progress["requeued"] + len(rows),
+            "batches": progress["batches"] + 1,
+            "done": len(rows) < batch_size,
+            "after": last,
+        }
+        await connection.execute(
+            QUERIES["finish_action"], action_id, progress["requeued"], json.dumps(progress)
+        )
+    return RequeueStep(rows, progress)
 
 
 @database_boundary
@@ -894,6 +948,43 @@ class MessageFilter(NamedTuple):
     error: str | None = None
 
 
+# The rows one call of the console's list reads at most (console_messages): a filter no index
+# serves answers from the newest this many rows, with a cursor to go on searching.
+CONSOLE_SCAN_LIMIT = 20_000
+
+
+def console_statement() -> str:
+    """``console_messages`` with the rows it reads, the ``console_scanned`` clause, spliced in."""
+    statement = QUERIES["console_messages"]
+    if statement.count("FROM console_scanned AS scanned") != 2:
+        raise ValueError("console_messages no longer has the shape console_scanned is spliced into")
+    clause = QUERIES["console_scanned"].strip().rstrip(";")
+    return statement.replace("FROM console_scanned AS scanned", f"FROM ({clause}) AS scanned")
+
+
+def console_message_arguments(
+    wanted: MessageFilter,
+    after: tuple[datetime, UUID] | None,
+    limit: int,
+    scan_limit: int | None = None,
+) -> tuple[Any, ...]:
+    """console_messages' parameters, in order (``scan_limit``: ``CONSOLE_SCAN_LIMIT``)."""
+    return (
+        wanted.status,
+        wanted.event_type,
+        list(wanted.endpoint_of) if wanted.endpoint_of is not None else None,
+        wanted.endpoint,
+        wanted.ordering_key,
+        wanted.created_from,
+        wanted.created_to,
+        wanted.error,
+        *(after or (None, None)),
+        limit,
+        wanted.status,
+        scan_limit or CONSOLE_SCAN_LIMIT,
+    )
+
+
 @database_boundary
 async def console_messages(
     conn: Connection,
@@ -902,24 +993,18 @@ async def console_messages(
     limit: int,
     *,
     timeout_ms: int,
+    scan_limit: int | None = None,
 ) -> list[dict[str, Any]]:
-    """One page of messages matching ``wanted``, newest first, after the row ``after``; a scan
-    that would take longer than ``timeout_ms`` is cancelled (``QueryCanceledError``)."""
+    """One page of messages matching ``wanted``, newest first, after the row ``after``, found
+    among at most ``scan_limit`` rows (``CONSOLE_SCAN_LIMIT``); when the scan stopped there, a
+    last row with ``scan_end`` true is where it stopped. A statement slower than ``timeout_ms``
+    is cancelled (``QueryCanceledError``). Planned for its parameters each time (a generic
+    plan would not know which index a status or a time range can use)."""
+    arguments = console_message_arguments(wanted, after, limit, scan_limit)
     async with _acquired(conn) as connection, connection.transaction():
         await connection.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
-        rows = await connection.fetch(
-            QUERIES["console_messages"],
-            wanted.status,
-            wanted.event_type,
-            list(wanted.endpoint_of) if wanted.endpoint_of is not None else None,
-            wanted.endpoint,
-            wanted.ordering_key,
-            wanted.created_from,
-            wanted.created_to,
-            wanted.error,
-            *(after or (None, None)),
-            limit,
-        )
+        await connection.execute("SET LOCAL plan_cache_mode = force_custom_plan")
+        rows = await connection.fetch(console_statement(), *arguments)
     return [dict(row) for row in rows]
 
 

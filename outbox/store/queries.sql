@@ -660,11 +660,17 @@ WHERE outbox_message_id = ANY ($1::uuid[])
 GROUP BY outbox_message_id;
 
 -- backlog_status --
--- Health of the backlog: counts by status and the ages an on-call engineer alerts on
+-- Health of the backlog: counts by status and the ages an on-call engineer alerts on. Processed
+-- rows are counted up to $1 (NULL: all of them; the console counts a bounded number, then
+-- estimates from the table's row estimate, estimated_rows, which VACUUM and ANALYZE keep).
 SELECT
     (SELECT count(*) FROM outbox_messages WHERE status = 'Pending') AS pending,
     (SELECT count(*) FROM outbox_messages WHERE status = 'Processing') AS processing,
-    (SELECT count(*) FROM outbox_messages WHERE status = 'Processed') AS processed,
+    (SELECT count(*)
+       FROM (SELECT 1 FROM outbox_messages WHERE status = 'Processed' LIMIT $1::bigint) AS p
+    ) AS processed,
+    (SELECT reltuples::bigint FROM pg_class
+      WHERE oid = to_regclass('outbox_messages')) AS estimated_rows,
     (SELECT count(*) FROM outbox_messages WHERE status = 'Failed') AS failed,
     (SELECT extract(epoch FROM now() - min(created_at))::float8
        FROM outbox_messages
@@ -982,28 +988,83 @@ FROM outbox_endpoints
 WHERE reopen_at IS NOT NULL
 ORDER BY event_type, endpoint;
 
--- console_messages --
--- One page of the console's message list, newest first, keyset-paged on (created_at, id): each
--- filter applies when not NULL: $1 status, $2 event type, $3/$4 an endpoint (the event types
--- that have it, $3, and its name, $4: a row without endpoint state is where its status says at
--- every endpoint), $5 ordering key, $6/$7 created_at range [from, to), $8 text in last_error,
--- $9/$10 the last row of the page before; $11 rows. A Failed filter reads
--- outbox_messages_failed_order_idx backwards; the caller bounds the rest with a statement timeout.
-SELECT outbox_message_id, event_type, status, attempt_count, created_at, next_attempt_at,
-       processed_at, ordering_key, left(last_error, 300) AS last_error
-FROM outbox_messages
-WHERE ($1::text IS NULL OR status = $1::text)
-  AND ($2::text IS NULL OR event_type = $2::text)
-  AND ($3::text[] IS NULL
-       OR (event_type = ANY ($3::text[]) AND (endpoint_state IS NULL OR endpoint_state ? $4::text)))
-  AND ($5::text IS NULL OR ordering_key = $5::text)
-  AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
-  AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
-  AND ($8::text IS NULL OR strpos(lower(last_error), lower($8::text)) > 0)
-  AND ($9::timestamptz IS NULL
-       OR (created_at, outbox_message_id) < ($9::timestamptz, $10::uuid))
+-- console_scanned --
+-- Not a statement: the clause the console's list reads from (store.console_statement), the newest
+-- $13 rows after the page before ($9/$10), within the created_at range [$6, $7), of status $12 when
+-- given: the newest $13 of each status, from its own index read backwards (Processed:
+-- outbox_messages_processed_order_idx; Failed: outbox_messages_failed_order_idx; the backlog,
+-- Pending and Processing: the due index, sorted), merged. However many rows match or none, a call
+-- reads at most $13 rows of each.
+SELECT * FROM (
+    (SELECT outbox_message_id, event_type, status, attempt_count, created_at, next_attempt_at,
+            processed_at, ordering_key, last_error, endpoint_state
+     FROM outbox_messages
+     WHERE status = 'Processed' AND ($12::text IS NULL OR $12::text = 'Processed')
+       AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
+       AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
+       AND ($9::timestamptz IS NULL
+            OR (created_at, outbox_message_id) < ($9::timestamptz, $10::uuid))
+     ORDER BY created_at DESC, outbox_message_id DESC
+     LIMIT $13)
+    UNION ALL
+    (SELECT outbox_message_id, event_type, status, attempt_count, created_at, next_attempt_at,
+            processed_at, ordering_key, last_error, endpoint_state
+     FROM outbox_messages
+     WHERE status = 'Failed' AND ($12::text IS NULL OR $12::text = 'Failed')
+       AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
+       AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
+       AND ($9::timestamptz IS NULL
+            OR (created_at, outbox_message_id) < ($9::timestamptz, $10::uuid))
+     ORDER BY created_at DESC, outbox_message_id DESC
+     LIMIT $13)
+    UNION ALL
+    (SELECT outbox_message_id, event_type, status, attempt_count, created_at, next_attempt_at,
+            processed_at, ordering_key, last_error, endpoint_state
+     FROM outbox_messages
+     WHERE status IN ('Pending', 'Processing')
+       AND ($12::text IS NULL OR $12::text IN ('Pending', 'Processing'))
+       AND ($12::text IS NULL OR status = $12::text)
+       AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
+       AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
+       AND ($9::timestamptz IS NULL
+            OR (created_at, outbox_message_id) < ($9::timestamptz, $10::uuid))
+     ORDER BY created_at DESC, outbox_message_id DESC
+     LIMIT $13)
+) AS merged
 ORDER BY created_at DESC, outbox_message_id DESC
-LIMIT $11;
+LIMIT $13
+
+-- console_messages --
+-- One page of the console's message list, newest first, keyset-paged on (created_at, id): of the
+-- rows console_scanned reads (spliced in for "console_scanned" by store.console_statement), those
+-- that every filter given matches: $1 status, $2 event type, $3/$4 an endpoint (the event types
+-- that have it, $3, and its name, $4: a row without endpoint state is where its status says at
+-- every endpoint), $5 ordering key, $8 text in last_error; at most $11, the scan read only as far
+-- as the page needs. When the page is short and the scan read all its $13 rows, one more row
+-- (scan_end) is the last row it read: the next call goes on from there.
+WITH page AS (
+    SELECT outbox_message_id, event_type, status, attempt_count, created_at, next_attempt_at,
+           processed_at, ordering_key, left(last_error, 300) AS last_error, false AS scan_end
+    FROM console_scanned AS scanned
+    WHERE ($1::text IS NULL OR status = $1::text)
+      AND ($2::text IS NULL OR event_type = $2::text)
+      AND ($3::text[] IS NULL
+           OR (event_type = ANY ($3::text[])
+               AND (endpoint_state IS NULL OR endpoint_state ? $4::text)))
+      AND ($5::text IS NULL OR ordering_key = $5::text)
+      AND ($8::text IS NULL OR strpos(lower(last_error), lower($8::text)) > 0)
+    ORDER BY created_at DESC, outbox_message_id DESC
+    LIMIT $11
+)
+SELECT * FROM page
+UNION ALL
+SELECT outbox_message_id, NULL, NULL, NULL, created_at, NULL, NULL, NULL, NULL, true
+FROM (SELECT created_at, outbox_message_id
+      FROM console_scanned AS scanned
+      ORDER BY created_at DESC, outbox_message_id DESC
+      OFFSET $13 - 1
+      LIMIT 1) AS scan_end
+WHERE (SELECT count(*) FROM page) < $11;
 
 -- console_rates --
 -- Deliveries and failed attempts per minute over the last hour, from the attempt history
@@ -1102,6 +1163,14 @@ RETURNING created_at;
 -- finish_action --
 -- Action $1 done: how many rows it touched ($2) and its result ($3)
 UPDATE outbox_console_actions SET affected = $2, result = $3::jsonb WHERE action_id = $1;
+
+-- lock_action --
+-- Action $1's progress, its row locked until the transaction ends: the next batch of a requeue
+-- and the progress it makes commit together, one call after another
+SELECT action, filter::text AS filter, result::text AS result
+FROM outbox_console_actions
+WHERE action_id = $1
+FOR UPDATE;
 
 -- show_action --
 -- One recorded action

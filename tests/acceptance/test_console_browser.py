@@ -26,6 +26,14 @@ CHROMIUM = "/usr/bin/chromium"
 VIEW_KEY = "serve-test-view-key-0123456789"
 HOSTILE = '<img src=x onerror="window.__pwned=1;alert(1)"><script>window.__pwned=1</script>'
 WAIT_MS = 30_000
+# The requeue's batch size set to 2, and every text its progress line shows kept in order.
+WATCH_PROGRESS = """() => {
+  document.getElementById("requeue-run").dataset.batch = "2";
+  const line = document.getElementById("plan-text");
+  window.__progress = [];
+  new MutationObserver(() => window.__progress.push(line.textContent))
+    .observe(line, { childList: true, characterData: true, subtree: true });
+}"""
 
 
 @pytest.fixture
@@ -137,14 +145,22 @@ async def test_overview_filter_detail_and_a_planned_requeue_that_the_receiver_ge
     await expect(page.locator("#plan-text")).to_contain_text("Dry run: 3 Failed message(s)")
     await expect(page.locator("#plan-text")).to_contain_text("InvoicePaid")
     assert len(receiver.to("/invoices")) == 3  # the dry run sent nothing
+    # Batches of 2: the progress shows after the first batch, then the second ends the requeue.
+    await page.evaluate(WATCH_PROGRESS)
     await page.click("#requeue-run")
-    await expect(page.locator("#notice")).to_contain_text("Requeued 3 message(s)")
+    await expect(page.locator("#notice")).to_contain_text("Requeued 3 of 3 message(s)")
+    assert await page.evaluate("window.__progress") == ["Requeued 2 of 3…", "Requeued 3 of 3…"]
     await receiver.wait_for(6, path="/invoices", timeout=60)
     voided = await db.fetchval(
         "SELECT count(*) FROM outbox_messages "
         "WHERE status = 'Failed' AND event_type = 'InvoiceVoided'"
     )
     assert voided == 2  # exactly the filtered rows were requeued
+    recorded = await db.fetchrow(
+        "SELECT affected, result FROM outbox_console_actions WHERE action = 'requeue'"
+    )
+    progress = json.loads(recorded["result"])
+    assert (recorded["affected"], progress["batches"], progress["done"]) == (3, 2, True)
     await expect(page.locator("#actions")).to_contain_text("requeue", timeout=WAIT_MS)
     assert dialogs == []
 

@@ -15,6 +15,7 @@ from outbox.azure import functions
 from outbox.core.errors import BadRequestError
 from outbox.core.queries import MESSAGE_FLAGS, parse_message_query
 from outbox.store import operator
+from outbox.store import postgres as store
 from tests.conftest import SECRET
 from tests.support.outbox_helpers import open_relay, run_cli, seed, statuses
 from tests.support.receiver import Receiver
@@ -66,10 +67,44 @@ async def test_overview_counts_and_groups_failures_by_reason(db: Any, app_env: N
     status, body = answer(await functions.outbox_overview(get("outbox/overview")))
     assert status == 200
     assert body["counts"] == {"Pending": 2, "Processing": 0, "Processed": 0, "Failed": 4}
+    assert body["estimated_counts"] == []  # counted, every one
     reasons = {r["reason"]: r["messages"] for r in body["failure_reasons"]}
     assert reasons == {"HTTP 503": 3, "no endpoint configured for event type 'Nope'": 1}
     assert len(body["rates"]) == 60
     assert body["paused_endpoints"] == []
+
+
+async def test_the_overview_estimates_processed_beyond_what_it_counts_and_says_so(
+    db: Any, app_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(operator, "PROCESSED_COUNTED", 3)
+    ids = await seed(db, 7)
+    await db.execute(
+        "UPDATE outbox_messages SET status = 'Processed', processed_at = now() "
+        "WHERE outbox_message_id = ANY($1::uuid[])",
+        ids[:5],
+    )
+    await db.execute("ANALYZE outbox_messages")  # what autovacuum keeps: the row estimate
+    body = answer(await functions.outbox_overview(get("outbox/overview")))[1]
+    assert body["estimated_counts"] == ["Processed"]
+    assert body["counts"] == {"Pending": 2, "Processing": 0, "Processed": 5, "Failed": 0}
+
+
+async def test_a_filter_no_index_serves_reads_a_bounded_scan_and_goes_on_where_it_stopped(
+    db: Any, app_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "CONSOLE_SCAN_LIMIT", 4)
+    invoices = await seed(db, 6, "InvoicePaid")
+    await seed(db, 5)  # newer: the first scan of 4 rows finds no InvoicePaid
+    params = {"event_type": "InvoicePaid", "limit": "50"}
+    body = answer(await functions.outbox_messages(get("outbox/messages", params)))[1]
+    assert (body["messages"], body["scan_limited"], body["scan_limit"]) == ([], True, 4)
+    seen = []
+    while body["next"]:
+        params["after"] = body["next"]
+        body = answer(await functions.outbox_messages(get("outbox/messages", params)))[1]
+        seen += [m["outbox_message_id"] for m in body["messages"]]
+    assert sorted(seen) == sorted(str(i) for i in invoices)  # each once, none missed
 
 
 async def test_messages_filter_and_page_by_keyset(db: Any, app_env: None) -> None:
@@ -156,6 +191,71 @@ async def test_requeue_by_error_text_is_planned_then_done_once_and_recorded(
     assert recorded[0]["affected"] == 3
     assert recorded[0]["actor"].startswith("key:")
     assert "the-operators-key" not in json.dumps(recorded)
+
+
+async def test_a_requeue_in_batches_reports_progress_and_a_retried_batch_requeues_nothing_twice(
+    db: Any, app_env: None
+) -> None:
+    timeouts = await failed(db, 5, "HTTP 504: gateway timeout")
+    others = await failed(db, 2, "HTTP 400: bad")
+    body = {"error": "504", "action_id": "batches-1", "batch_size": 2}
+
+    async def step() -> dict[str, Any]:
+        status, shown = answer(await functions.outbox_requeue(post("outbox/requeue", body)))
+        assert status == 200, shown
+        return dict(shown)
+
+    first = await step()
+    assert (first["requeued"], first["batch_requeued"], first["done"]) == (2, 2, False)
+    # The first batch's rows fail again before the next call: no later batch of this requeue
+    # (a retried call, a repeated click) sets them back again; the batches go on after them.
+    again_failed = [uuid.UUID(i) for i in first["message_ids"]]
+    await db.execute(
+        "UPDATE outbox_messages SET status = 'Failed', attempt_count = 7 "
+        "WHERE outbox_message_id = ANY($1::uuid[])",
+        again_failed,
+    )
+    second, third, after = await step(), await step(), await step()
+    assert [(s["requeued"], s["batch_requeued"], s["done"]) for s in (second, third)] == [
+        (4, 2, False),
+        (5, 1, True),
+    ]
+    assert (after["requeued"], after["batch_requeued"], after["repeated"]) == (5, 0, True)
+    rows = {
+        r["outbox_message_id"]: r["status"]
+        for r in await db.fetch("SELECT outbox_message_id, status FROM outbox_messages")
+    }
+    assert {i for i in timeouts if rows[i] == "Pending"} == set(timeouts) - set(again_failed)
+    assert all(rows[i] == "Failed" for i in [*again_failed, *others])
+    assert await db.fetchval(
+        "SELECT bool_and(attempt_count = 7) FROM outbox_messages "
+        "WHERE outbox_message_id = ANY($1::uuid[])",
+        again_failed,
+    )
+    recorded = answer(await functions.outbox_actions(get("outbox/actions")))[1]["actions"]
+    assert [(r["action"], r["affected"], r["result"]["batches"]) for r in recorded] == [
+        ("requeue", 5, 3)
+    ]
+    # The same action id with another filter is refused, naming it.
+    other = answer(await functions.outbox_requeue(post("outbox/requeue", body | {"error": "400"})))
+    assert other[0] == 400
+    assert "batches-1" in other[1]["error"]
+
+
+async def test_a_requeue_in_batches_needs_an_action_id_and_a_sane_batch_size(
+    db: Any, app_env: None
+) -> None:
+    await failed(db, 1, "HTTP 504")
+    for body, named in (
+        ({"error": "504", "batch_size": 2}, "action_id"),
+        ({"error": "504", "batch_size": 0, "action_id": "a"}, "batch_size"),
+        ({"error": "504", "batch_size": "2", "action_id": "a"}, "batch_size"),
+        ({"error": "504", "batch_size": 10_001, "action_id": "a"}, "batch_size"),
+    ):
+        status, shown = answer(await functions.outbox_requeue(post("outbox/requeue", body)))
+        assert status == 400, (body, shown)
+        assert named in shown["error"], (body, shown)
+    assert await db.fetchval("SELECT count(*) FROM outbox_messages WHERE status = 'Failed'") == 1
 
 
 async def test_pause_and_resume_are_persisted_checked_and_recorded(db: Any, app_env: None) -> None:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from outbox.core.logs import log_event
-from outbox.hosting.console import ProgressFilter
+from outbox.hosting.console import ProgressFilter, message_table
 
 
 class Collect(logging.Handler):
@@ -94,3 +94,12 @@ def test_every_record_the_relays_handlers_write_is_escaped_whoever_logged_it(
     # A traceback keeps its line breaks; the control characters in it are escaped.
     assert lines[2] == "Traceback (most recent call last):"
     assert lines[-1] == "ValueError: bad\\x1b[2J value"
+
+
+def test_list_says_when_its_search_stopped_short_and_where_to_go_on() -> None:
+    shown = message_table([], "2026-01-02T00:00:00Z_x", searched=20_000)
+    assert shown.splitlines() == [
+        "searched the newest 20,000 rows of this range only",
+        "more: --after 2026-01-02T00:00:00Z_x",
+    ]
+    assert message_table([], None).splitlines() == ["no message matches"]
