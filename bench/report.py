@@ -545,7 +545,26 @@ def table(doc: dict[str, Any]) -> str:
             + (f" ({swept} lost hints swept, not counted)" if swept else "")
             + " | |"
         )
-    return "\n".join(lines + _lease_lines(doc))
+    return "\n".join(lines + _payload_lines(doc) + _lease_lines(doc))
+
+
+def _payload_lines(doc: dict[str, Any]) -> list[str]:
+    """Per payload size: msg/s (÷ 1 KB's, per round), relay CPU and WAL per message."""
+    section = doc.get("payloads")
+    if not section:
+        return []
+    lines = []
+    for name, size in section["sizes"].items():
+        m = section["median"][name]
+        vs = section["rate_vs_1kb"].get(name)
+        ratio = f" (÷ 1 KB {vs['median']:g}, {vs['low']:g} to {vs['high']:g})" if vs else ""
+        lines.append(
+            f"| payload {size:,} B: msg/s{ratio}; relay CPU; WAL enqueue + drain | "
+            f"{m['rate']['median']:,.0f}; {m['relay_cpu_us_per_message']['median']:,.0f} µs/msg; "
+            f"{m['wal_enqueue_bytes_per_message']['median']:,.0f} + "
+            f"{m['wal_drain_bytes_per_message']['median']:,.0f} B/msg | |"
+        )
+    return lines
 
 
 def _process_cost_lines(doc: dict[str, Any]) -> list[str]:
