@@ -15,6 +15,8 @@ Figures, each repeated and reported as a median:
   against alone;
 - payloads: 1 KB, 16 KB, 64 KB and the largest payload allowed (1 MiB), each drained to the
   instant receiver: msg/s, the relay's CPU and the database's WAL per message;
+- endpoints: 1,000 endpoints over 200 event types, Zipf traffic: deliveries/s, the relay's CPU
+  and peak RSS, and a profile's top frames;
 - memory: the relay's peak RSS draining a 100k backlog;
 - isolation: 200 messages for a healthy endpoint behind 1,000 for one that never answers;
 - beside: 500 for a healthy endpoint beside 5,000 for a blackholed one (timeout 10 s): the healthy
@@ -40,6 +42,7 @@ from typing import Any
 
 from bench import (
     dbcost,
+    endpoints,
     instructions,
     isolation,
     latency,
@@ -58,6 +61,7 @@ PHASES = (
     "slow",
     "pushback",
     "payloads",
+    "endpoints",
     "scale",
     "memory",
     "isolation",
@@ -77,6 +81,9 @@ SMOKE = {
     "payload_messages": 50,
     "payload_max_messages": 5,
     "payload_runs": 1,
+    "endpoints_messages": 200,
+    "endpoints_types": 20,
+    "endpoints_runs": 1,
     "scale_small": 2_000,
     "scale_large": 20_000,
     "scale_failed": 2_000,
@@ -115,6 +122,9 @@ def add_section_options(parser: argparse.ArgumentParser) -> None:
     add("--payload-messages", type=int, default=2_000, help="per payload size below the largest")
     add("--payload-max-messages", type=int, default=200, help="of the largest payload allowed")
     add("--payload-runs", type=int, default=3, help="rounds of the payload-size section")
+    add("--endpoints-messages", type=int, default=10_000, help="many-endpoints backlog")
+    add("--endpoints-types", type=int, default=200, help="event types, five endpoints each")
+    add("--endpoints-runs", type=int, default=3, help="rounds of the many-endpoints section")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -206,6 +216,15 @@ async def delivery_phases(
             messages=args.payload_messages,
             max_messages=args.payload_max_messages,
             runs=args.payload_runs,
+            concurrency=args.concurrency,
+        )
+    if "endpoints" not in skip:
+        results["endpoints"] = await endpoints.measure(
+            receiver,
+            messages=args.endpoints_messages,
+            types=args.endpoints_types,
+            per_type=5,
+            runs=args.endpoints_runs,
             concurrency=args.concurrency,
         )
     if "memory" not in skip:
