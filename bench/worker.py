@@ -51,6 +51,15 @@ PGQ_ENTRYPOINT = "webhook"
 
 
 def peak_rss_mb() -> float:
+    """This process's own peak RSS: ``VmHWM``, its memory's high-water mark since its exec.
+    (``ru_maxrss`` can carry the parent's peak across fork and exec: the benchmark's own.)"""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
