@@ -34,6 +34,7 @@ from outbox.core.signing import Signer
 from outbox.core.telemetry import Telemetry
 from outbox.hosting.cli import run_on_loop
 from outbox.relay.runtime import Relay
+from outbox.store import postgres
 from outbox.transport.publisher import Publisher, build_body, build_headers, make_session
 
 # The seed design's per-row outcome write (one statement per message).
@@ -170,6 +171,7 @@ def time_leases(durations: list[float]) -> None:
             durations.append(time.perf_counter() - started)
 
     store.lease_batch = timed  # type: ignore[assignment]
+    postgres.lease_batch = timed  # type: ignore[assignment]  # what PostgresStore calls
 
 
 class Untraced(Telemetry):
