@@ -13,6 +13,10 @@ Figures, each repeated and reported as a median:
 - pushback: a receiver that takes 20 requests at once and answers 429 with Retry-After to any
   more, beside one that takes all: its 429s per request taken, and the other's time beside it
   against alone;
+- payloads: 1 KB, 16 KB, 64 KB and the largest payload allowed (1 MiB), each drained to the
+  instant receiver: msg/s, the relay's CPU and the database's WAL per message;
+- endpoints: 1,000 endpoints over 200 event types, Zipf traffic: deliveries/s, the relay's CPU
+  and peak RSS, and a profile's top frames;
 - memory: the relay's peak RSS draining a 100k backlog;
 - isolation: 200 messages for a healthy endpoint behind 1,000 for one that never answers;
 - beside: 500 for a healthy endpoint beside 5,000 for a blackholed one (timeout 10 s): the healthy
@@ -41,10 +45,12 @@ from typing import Any
 from bench import (
     console,
     dbcost,
+    endpoints,
     instructions,
     isolation,
     latency,
     memory,
+    payloads,
     report,
     scale,
     slow,
@@ -57,6 +63,8 @@ PHASES = (
     "latency",
     "slow",
     "pushback",
+    "payloads",
+    "endpoints",
     "scale",
     "memory",
     "isolation",
@@ -74,6 +82,12 @@ SMOKE = {
     "slow_messages": 300,
     "slow_runs": 1,
     "pushback_messages": 100,
+    "payload_messages": 50,
+    "payload_max_messages": 5,
+    "payload_runs": 1,
+    "endpoints_messages": 200,
+    "endpoints_types": 20,
+    "endpoints_runs": 1,
     "scale_small": 2_000,
     "scale_large": 20_000,
     "scale_failed": 2_000,
@@ -107,6 +121,20 @@ SMOKE = {
 }
 
 
+def add_section_options(parser: argparse.ArgumentParser) -> None:
+    """The options of the slow, push-back and payload-size sections."""
+    add = parser.add_argument
+    add("--slow-messages", type=int, default=10_000, help="messages per slow-receiver run")
+    add("--slow-runs", type=int, default=3, help="rounds of the slow and push-back sections")
+    add("--pushback-messages", type=int, default=2_000, help="per endpoint, push-back figure")
+    add("--payload-messages", type=int, default=2_000, help="per payload size below the largest")
+    add("--payload-max-messages", type=int, default=200, help="of the largest payload allowed")
+    add("--payload-runs", type=int, default=3, help="rounds of the payload-size section")
+    add("--endpoints-messages", type=int, default=10_000, help="many-endpoints backlog")
+    add("--endpoints-types", type=int, default=200, help="event types, five endpoints each")
+    add("--endpoints-runs", type=int, default=3, help="rounds of the many-endpoints section")
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     add = parser.add_argument
@@ -118,9 +146,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--latency-rate", type=float, default=200.0, help="offered load, messages per second")
     add("--latency-messages", type=int, default=2_000)
     add("--latency-runs", type=int, default=5)
-    add("--slow-messages", type=int, default=10_000, help="messages per slow-receiver run")
-    add("--slow-runs", type=int, default=3, help="rounds of the slow and push-back sections")
-    add("--pushback-messages", type=int, default=2_000, help="per endpoint, push-back figure")
+    add_section_options(parser)
     add("--scale-small", type=int, default=10_000)
     add("--scale-large", type=int, default=1_000_000)
     add("--scale-failed", type=int, default=100_000)
@@ -167,7 +193,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 async def delivery_phases(
     args: argparse.Namespace, skip: set[str], receiver: ReceiverProcess
 ) -> dict[str, Any]:
-    """Throughput, latency, slow receivers, memory."""
+    """Throughput, latency, slow receivers, payload sizes, memory."""
     results: dict[str, Any] = {}
     if "throughput" not in skip:
         options = throughput.Options(
@@ -193,6 +219,23 @@ async def delivery_phases(
     if "pushback" not in skip:
         results["pushback"] = await slow.measure_pushback(
             receiver, messages=args.pushback_messages, runs=args.slow_runs
+        )
+    if "payloads" not in skip:
+        results["payloads"] = await payloads.measure(
+            receiver,
+            messages=args.payload_messages,
+            max_messages=args.payload_max_messages,
+            runs=args.payload_runs,
+            concurrency=args.concurrency,
+        )
+    if "endpoints" not in skip:
+        results["endpoints"] = await endpoints.measure(
+            receiver,
+            messages=args.endpoints_messages,
+            types=args.endpoints_types,
+            per_type=5,
+            runs=args.endpoints_runs,
+            concurrency=args.concurrency,
         )
     if "memory" not in skip:
         results["memory"] = await memory.measure(

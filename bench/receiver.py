@@ -31,7 +31,7 @@ import time
 
 from aiohttp import web
 
-MAX_BODY_BYTES = 1_048_576
+MAX_BODY_BYTES = 2 * 1_048_576  # the largest payload allowed, in its envelope
 LOGNORMAL_SIGMA = 0.5
 # The limited receiver's own answer time, milliseconds.
 LIMITED_MS = 100

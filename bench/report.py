@@ -545,7 +545,42 @@ def table(doc: dict[str, Any]) -> str:
             + (f" ({swept} lost hints swept, not counted)" if swept else "")
             + " | |"
         )
-    return "\n".join(lines + _lease_lines(doc))
+    return "\n".join(lines + _payload_lines(doc) + _endpoint_lines(doc) + _lease_lines(doc))
+
+
+def _endpoint_lines(doc: dict[str, Any]) -> list[str]:
+    """Many endpoints: deliveries/s, relay CPU per delivery, peak RSS (medians, spread)."""
+    section = doc.get("endpoints")
+    if not section:
+        return []
+    rate, cpu, rss = (
+        section[key] for key in ("rate_deliveries", "relay_cpu_us_per_delivery", "peak_rss_mb")
+    )
+    return [
+        f"| {section['endpoints']:,} endpoints over {section['event_types']} event types (Zipf): "
+        f"deliveries/s; relay CPU per delivery; peak RSS | "
+        f"{rate['median']:,.0f} ({rate['low']:,.0f} to {rate['high']:,.0f}); "
+        f"{cpu['median']:,.0f} µs; {rss['median']:,.0f} MB | |"
+    ]
+
+
+def _payload_lines(doc: dict[str, Any]) -> list[str]:
+    """Per payload size: msg/s (÷ 1 KB's, per round), relay CPU and WAL per message."""
+    section = doc.get("payloads")
+    if not section:
+        return []
+    lines = []
+    for name, size in section["sizes"].items():
+        m = section["median"][name]
+        vs = section["rate_vs_1kb"].get(name)
+        ratio = f" (÷ 1 KB {vs['median']:g}, {vs['low']:g} to {vs['high']:g})" if vs else ""
+        lines.append(
+            f"| payload {size:,} B: msg/s{ratio}; relay CPU; WAL enqueue + drain | "
+            f"{m['rate']['median']:,.0f}; {m['relay_cpu_us_per_message']['median']:,.0f} µs/msg; "
+            f"{m['wal_enqueue_bytes_per_message']['median']:,.0f} + "
+            f"{m['wal_drain_bytes_per_message']['median']:,.0f} B/msg | |"
+        )
+    return lines
 
 
 def _process_cost_lines(doc: dict[str, Any]) -> list[str]:

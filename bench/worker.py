@@ -52,6 +52,15 @@ PGQ_ENTRYPOINT = "webhook"
 
 
 def peak_rss_mb() -> float:
+    """This process's own peak RSS: ``VmHWM``, its memory's high-water mark since its exec.
+    (``ru_maxrss`` can carry the parent's peak across fork and exec: the benchmark's own.)"""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
@@ -117,8 +126,16 @@ async def run_relay(args: argparse.Namespace, telemetry: Telemetry | None = None
     fan-out run. ``--shared``: one of several relays racing over the backlog, so it delivers
     a part of it. ``--lease-times``: report how long each lease statement took.
     """
-    webhooks = None
-    if args.endpoints > 1:
+    webhooks: dict[str, Any] | None = None
+    if args.event_types > 1:
+        webhooks = {
+            f"T{t}": [
+                {"name": f"e{n}", "url": f"{args.url}/t{t}/e{n}", "secret": SECRET}
+                for n in range(1, args.endpoints + 1)
+            ]
+            for t in range(args.event_types)
+        }
+    elif args.endpoints > 1:
         group = [
             {"name": f"e{n}", "url": f"{args.url}/e{n}", "secret": SECRET}
             for n in range(1, args.endpoints + 1)
@@ -375,6 +392,8 @@ def profiler(path: str | None) -> AbstractContextManager[Any]:
             self.profiler.stop()
             with open(path, "w", encoding="utf-8") as out:
                 out.write(self.profiler.output_html())
+            with open(path + ".txt", "w", encoding="utf-8") as out:
+                out.write(self.profiler.output_text(flat=True, time="percent_of_total"))
 
     return _Profile()
 
@@ -391,6 +410,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--pgq-entrypoint-limit", type=int, default=0)
     parser.add_argument("--profile", help="write a pyinstrument HTML profile here")
     parser.add_argument("--endpoints", type=int, default=1, help="relay: endpoints per type")
+    parser.add_argument("--event-types", type=int, default=1, help="relay: T0 … T{N-1}")
     parser.add_argument("--shared", action="store_true", help="relay: one of several racing")
     parser.add_argument("--lease-times", action="store_true", help="relay: time each lease")
     parser.add_argument("--build-only", action="store_true", help="raw: build requests, no POST")
