@@ -556,14 +556,23 @@ async def requeue_failed(
     total, first = 0, list[UUID]()
     after: tuple[datetime | None, UUID | None] = (None, None)
     while True:
-        rows = await conn.fetch(
-            QUERIES["requeue_failed"], *filters, *after, batch_size, endpoint, error
+        rows = in_requeue_order(
+            await conn.fetch(
+                QUERIES["requeue_failed"], *filters, *after, batch_size, endpoint, error
+            )
         )
         total += len(rows)
         first += [row["outbox_message_id"] for row in rows[: listed - len(first)]]
         if len(rows) < batch_size:
             return Requeued(total, first)
         after = (rows[-1]["created_at"], rows[-1]["outbox_message_id"])
+
+
+def in_requeue_order(rows: list[Any]) -> list[Any]:
+    """A requeue batch's rows in the batch's order, (created_at, id): the UPDATE returns them in
+    whatever order it met them (by id, through the primary key), and the next batch starts after
+    the last of them in that order, so none is met, and requeued, twice."""
+    return sorted(rows, key=lambda row: (row["created_at"], row["outbox_message_id"]))
 
 
 class RequeueStep(NamedTuple):
@@ -601,8 +610,10 @@ async def requeue_failed_step(
         after = (datetime.fromisoformat(last[0]), UUID(last[1])) if last else (None, None)
         rows = [
             dict(r)
-            for r in await connection.fetch(
-                QUERIES["requeue_failed"], *wanted, *after, batch_size, endpoint, error
+            for r in in_requeue_order(
+                await connection.fetch(
+                    QUERIES["requeue_failed"], *wanted, *after, batch_size, endpoint, error
+                )
             )
         ]
         if rows:

@@ -699,7 +699,8 @@ SELECT
 -- last one ended in outbox_messages_failed_order_idx, whatever number of rows share a created_at
 -- (the condition holds for the first batch too, so it is always the index's bound). Only
 -- endpoints that failed are sent it again ($8's alone, when given); those that got it are not.
--- Returns the rows it requeued, in that order.
+-- Returns the rows it requeued (in no particular order: the caller sorts them to find where the
+-- batch ended).
 WITH batch AS (
     SELECT outbox_message_id
     FROM outbox_messages

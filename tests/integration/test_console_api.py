@@ -198,6 +198,13 @@ async def test_a_requeue_in_batches_reports_progress_and_a_retried_batch_requeue
 ) -> None:
     timeouts = await failed(db, 5, "HTTP 504: gateway timeout")
     others = await failed(db, 2, "HTTP 400: bad")
+    # Written in an order whose ids run against their times: the UPDATE returns a batch by id,
+    # and the next batch must still start after the batch's last row by (created_at, id).
+    await db.execute(
+        "UPDATE outbox_messages AS m SET created_at = now() - make_interval(secs => r.n) "
+        "FROM (SELECT outbox_message_id, row_number() OVER (ORDER BY outbox_message_id) AS n "
+        "      FROM outbox_messages) AS r WHERE r.outbox_message_id = m.outbox_message_id"
+    )
     body = {"error": "504", "action_id": "batches-1", "batch_size": 2}
 
     async def step() -> dict[str, Any]:
