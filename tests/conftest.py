@@ -21,6 +21,20 @@ from tests.support.receiver import Receiver
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # the Standard Webhooks documentation's example
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--outbox-layout",
+        choices=("plain", "partitioned"),
+        default="plain",
+        help="the layout of the outbox tables every test database starts with",
+    )
+
+
+@pytest.fixture(scope="session")
+def outbox_layout(request: pytest.FixtureRequest) -> str:
+    return str(request.config.getoption("--outbox-layout"))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _clean_environment() -> Iterator[None]:
     """Tests set what they need; nothing leaks in from the shell that runs them."""
@@ -38,8 +52,8 @@ def admin_dsn() -> str:
 
 
 @pytest.fixture(scope="session")
-def template_db(admin_dsn: str) -> Iterator[str]:
-    name = asyncio.run(pg.create_template(admin_dsn))
+def template_db(admin_dsn: str, outbox_layout: str) -> Iterator[str]:
+    name = asyncio.run(pg.create_template(admin_dsn, outbox_layout))
     yield name
     asyncio.run(pg.drop(admin_dsn, name))
 

@@ -42,7 +42,7 @@ from outbox.hosting.runenv import load_run_env
 from outbox.producer.core import enqueue
 from outbox.relay.batch import endpoint_names
 from outbox.relay.runtime import Relay
-from outbox.store import entra, operations, operator
+from outbox.store import entra, operations, operator, partitions
 from outbox.store.migrate import (
     DEFAULT_MAX_LOCK_WAIT_SECONDS,
     LOCK_TIMEOUT_SECONDS,
@@ -109,6 +109,25 @@ def build_parser() -> argparse.ArgumentParser:
             f"hold (default {DEFAULT_MAX_LOCK_WAIT_SECONDS:g}); it tries again every few seconds, "
             f"holding producers back at most {LOCK_TIMEOUT_SECONDS:g} s each time"
         ),
+    )
+    layout = migrate_cmd.add_mutually_exclusive_group()
+    layout.add_argument(
+        "--partitioned",
+        action="store_true",
+        help=(
+            "convert outbox_messages and outbox_attempts to tables partitioned by time, whose "
+            "retention drops partitions (docs/partitioning.md); resumable"
+        ),
+    )
+    layout.add_argument(
+        "--plain",
+        action="store_true",
+        help="convert the partitioned layout back to plain tables; resumable",
+    )
+    migrate_cmd.add_argument(
+        "--partition-interval",
+        choices=tuple(partitions.INTERVALS),
+        help="with --partitioned: one partition per UTC day (daily, the default) or hour",
     )
     drain = commands.add_parser("drain", help="deliver every due message once")
     drain.add_argument(
@@ -236,6 +255,10 @@ def connection_count(text: str) -> int:
 
 def flag_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with a combination of flags that argparse cannot check on its own."""
+    if args.command == "migrate" and args.inbox and (args.partitioned or args.plain):
+        return "--partitioned and --plain are the relay's tables' layouts, not the inbox's"
+    if args.command == "migrate" and args.partition_interval and not args.partitioned:
+        return "--partition-interval applies to migrate --partitioned only"
     if args.command != "purge":
         return None
     if args.inbox and args.older_than_days is None:
@@ -261,7 +284,18 @@ def _json_default(value: Any) -> Any:
 
 
 async def run_migrate(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
-    emit({"applied": await migrate(conn, max_lock_wait=args.max_lock_wait)})
+    report: dict[str, Any] = {"applied": await migrate(conn, max_lock_wait=args.max_lock_wait)}
+    if args.partitioned:
+        report.update(
+            await partitions.convert(
+                conn,
+                interval=args.partition_interval or partitions.DEFAULT_INTERVAL,
+                max_lock_wait=args.max_lock_wait,
+            )
+        )
+    elif args.plain:
+        report.update(await partitions.convert_back(conn, max_lock_wait=args.max_lock_wait))
+    emit(report)
     return EXIT_OK
 
 

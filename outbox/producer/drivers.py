@@ -50,9 +50,10 @@ _FAMILIES = ("asyncpg", "psycopg", "sqlalchemy")
 # SQLAlchemy's PostgreSQL drivers whose parameter style the statements are rewritten for.
 _SQLALCHEMY_DRIVERS = ("asyncpg", "psycopg", "psycopg2")
 _PLACEHOLDER = re.compile(r"\$(\d+)")
-# PostgreSQL's undefined_column and undefined_table: what an older schema answers an INSERT of a
-# newer package (e.g. trace_context, added by migration 0008).
-_OUTDATED_SCHEMA = frozenset({"42703", "42P01"})
+# PostgreSQL's undefined_column, undefined_table and undefined_function: what an older schema
+# answers a statement of a newer package (e.g. trace_context, added by migration 0008, or
+# outbox_insert_message, 0019).
+_OUTDATED_SCHEMA = frozenset({"42703", "42P01", "42883"})
 
 
 class AsyncDriver(Protocol):

@@ -17,6 +17,7 @@ from outbox.core import requests
 from outbox.core.models import Status
 from outbox.core.requests import RequeueFilter
 from outbox.core.telemetry import Backlog, Telemetry, process_telemetry
+from outbox.store import partitions
 from outbox.store import postgres as store
 
 MAX_LISTED_IDS = 1000
@@ -46,6 +47,8 @@ class BacklogStatus:
     problems: list[str] = field(default_factory=list)
     # Statuses whose count is an estimate (the console's overview, over many Processed rows).
     estimated_counts: list[str] = field(default_factory=list)
+    # "plain", or the partitioned layout's partitions (partitions.describe).
+    layout: dict[str, Any] = field(default_factory=lambda: {"layout": "plain"})
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -86,6 +89,9 @@ async def backlog_status(
             "the database's: signatures carry the database's time, but check the host's time "
             "synchronisation (NTP)"
         )
+    async with store.acquired(conn) as connection:
+        layout = await partitions.describe(connection)
+    problems.extend(partitions.layout_problems(layout))
     counts = {str(s): row[str(s).lower()] for s in Status}
     estimated = []
     if processed_up_to is not None and counts["Processed"] >= processed_up_to:
@@ -123,6 +129,7 @@ async def backlog_status(
         ],
         alert_threshold_seconds=threshold_seconds,
         estimated_counts=estimated,
+        layout=layout,
         healthy=not problems,
         problems=problems,
     )
@@ -164,6 +171,9 @@ class PurgeReport:
     processed_deleted: int = 0
     failed_deleted: int = 0
     batches: int = 0
+    # The partitioned layout's (docs/partitioning.md): what was made, dropped, moved and kept.
+    layout: str = "plain"
+    partitions: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,8 +189,19 @@ async def purge(
     """Delete old Processed rows (and old Failed ones if a retention is set for them).
 
     Batch by batch, each in its own short transaction, skipping locked rows: it never holds a long
-    lock and never waits for a relay. Attempt history goes with its message.
+    lock and never waits for a relay. Attempt history goes with its message. On the partitioned
+    layout, partitions are made ahead and those past retention dropped instead
+    (``partitions.maintain``).
     """
+    async with store.acquired(conn) as connection:
+        if await partitions.is_partitioned(connection):
+            done = await partitions.maintain(
+                connection,
+                retention_days=retention_days,
+                failed_retention_days=failed_retention_days,
+                batch_size=batch_size,
+            )
+            return PurgeReport(layout="partitioned", partitions=done.as_dict())
     report = PurgeReport()
     report.processed_deleted = await _purge(conn, "Processed", retention_days, batch_size, report)
     if failed_retention_days is not None:

@@ -599,7 +599,7 @@ async def requeue_failed_step(
     together, under the action's row lock: a retried call goes on from the last batch that
     committed, and no row is requeued twice under one action. A requeue done already (its last
     batch, or in one call) does nothing more."""
-    async with _acquired(conn) as connection, connection.transaction():
+    async with acquired(conn) as connection, connection.transaction():
         row = await connection.fetchrow(QUERIES["lock_action"], action_id)
         if row is None or row["result"] is None:
             return RequeueStep([], None)
@@ -1012,7 +1012,7 @@ async def console_messages(
     is cancelled (``QueryCanceledError``). Planned for its parameters each time (a generic
     plan would not know which index a status or a time range can use)."""
     arguments = console_message_arguments(wanted, after, limit, scan_limit)
-    async with _acquired(conn) as connection, connection.transaction():
+    async with acquired(conn) as connection, connection.transaction():
         await connection.execute(f"SET LOCAL statement_timeout = {int(timeout_ms)}")
         await connection.execute("SET LOCAL plan_cache_mode = force_custom_plan")
         rows = await connection.fetch(console_statement(), *arguments)
@@ -1020,7 +1020,7 @@ async def console_messages(
 
 
 @asynccontextmanager
-async def _acquired(conn: Connection) -> AsyncIterator[Connection]:
+async def acquired(conn: Connection) -> AsyncIterator[Connection]:
     """A connection of the pool ``conn`` (or ``conn`` itself, a connection)."""
     if isinstance(conn, asyncpg.Pool):
         async with conn.acquire() as connection:

@@ -25,15 +25,10 @@
 -- insert_message --
 -- Add a Pending row, due now, inside the caller's transaction; returns nothing when the id exists.
 -- $4 is the optional ordering key: keyed rows also take their place in the ordering sequence.
--- $5 is the producer's trace context (JSON text), or NULL.
-INSERT INTO outbox_messages
-    (outbox_message_id, event_type, payload, status, next_attempt_at, ordering_key, ordering_seq,
-     trace_context)
-VALUES ($1, $2, $3::jsonb, 'Pending', now(), $4::text,
-        CASE WHEN $4::text IS NOT NULL THEN nextval('outbox_messages_ordering_seq') END,
-        $5::jsonb)
-ON CONFLICT (outbox_message_id) DO NOTHING
-RETURNING outbox_message_id;
+-- $5 is the producer's trace context (JSON text), or NULL. The function (migration 0019) is the
+-- same INSERT … ON CONFLICT DO NOTHING on the plain table, and claims the id in
+-- outbox_message_ids first on the partitioned one (outbox/store/partitions.py).
+SELECT outbox_insert_message($1, $2, $3::jsonb, $4::text, $5::jsonb) AS outbox_message_id;
 
 -- insert_new_message --
 -- insert_message for an id the producer generated (a random UUID, never in the table): without

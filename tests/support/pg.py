@@ -13,6 +13,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 
+from outbox.store import partitions
 from outbox.store.migrate import migrate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,13 +63,16 @@ async def admin_execute(admin: str, statement: str) -> None:
         await conn.close()
 
 
-async def create_template(admin: str) -> str:
-    """A migrated database to copy per test; returns its name."""
+async def create_template(admin: str, layout: str = "plain") -> str:
+    """A migrated database to copy per test, its tables in ``layout`` (``partitioned``: as
+    ``migrate --partitioned`` leaves them); returns its name."""
     name = unique_name("outbox_tpl")
     await admin_execute(admin, f'CREATE DATABASE "{name}"')
     target = await asyncpg.connect(with_database(admin, name))
     try:
         await migrate(target)
+        if layout == "partitioned":
+            await partitions.convert(target)
     finally:
         await target.close()
     return name
