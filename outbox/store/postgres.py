@@ -382,7 +382,11 @@ async def record_outcomes(
     attempts = [_attempt_row(r, d) for r in records for d in r.deliveries if _attempted(d)]
     by_attempt = zip(*attempts, strict=True) if attempts else [[]] * len(AttemptRow._fields)
     rows = await conn.fetch(
-        QUERIES["record_outcomes"], *map(list, by_message), *map(list, by_attempt), hold_on_failure
+        QUERIES["record_outcomes"],
+        *map(list, by_message),
+        *map(list, by_attempt),
+        hold_on_failure,
+        *_created_range(messages),
     )
     return Written(
         {row["outbox_message_id"] for row in rows}, any(row["lets_next_go"] for row in rows)
@@ -425,8 +429,16 @@ async def record_delivered(
         [m.lease_token for m in messages],
         *map(list, by_column),
         hold_on_failure,
+        *_created_range(messages),
     )
     return Written(set(ids).difference(row["stale"]), row["lets_next_go"])
+
+
+def _created_range(messages: Sequence[LeasedMessage]) -> tuple[datetime, datetime]:
+    """The earliest and latest created_at of ``messages``: on the partitioned layout the
+    outcome writes read only the partitions between (docs/partitioning.md)."""
+    created = [m.created_at for m in messages]
+    return min(created), max(created)
 
 
 async def _written_before(conn: Connection, messages: Sequence[LeasedMessage]) -> Written | None:

@@ -209,7 +209,7 @@ heads AS (
 ),
 batch AS (
     -- The messages leased: the first of those free to go, in due order.
-    SELECT c.outbox_message_id
+    SELECT c.outbox_message_id, c.created_at
     FROM (SELECT outbox_message_id, due_at, created_at FROM due WHERE waits_for IS NULL
           UNION
           SELECT outbox_message_id, due_at, created_at FROM free
@@ -296,6 +296,9 @@ leased AS (
         next_attempt_at = now() + make_interval(secs => $1),
         lease_token = gen_random_uuid()
     WHERE m.outbox_message_id = ANY (ARRAY(SELECT outbox_message_id FROM batch))
+      -- On the partitioned layout, only the partitions of the batch's rows are read.
+      AND m.created_at BETWEEN (SELECT min(created_at) FROM batch)
+                           AND (SELECT max(created_at) FROM batch)
     RETURNING m.outbox_message_id, m.event_type, m.payload::text AS payload_text,
               m.attempt_count, m.lease_token, m.created_at, m.ordering_key,
               m.endpoint_state::text AS endpoint_state, m.trace_context::text AS trace_context
@@ -362,7 +365,9 @@ past AS (
 -- Write a whole batch of outcomes and their attempt history in one statement. $1…$7 are arrays
 -- with one element per message, in the order of store.OutcomeRow; $8…$17 arrays with one
 -- element per attempt (an endpoint's delivery), in the order of store.AttemptRow; $18 whether a
--- Failed message holds back later messages with its ordering key.
+-- Failed message holds back later messages with its ordering key; $19/$20 the earliest and the
+-- latest created_at of the messages (on the partitioned layout only their partitions are read:
+-- docs/partitioning.md).
 -- Fenced by the lease token: a worker whose lease expired and was re-leased cannot overwrite the
 -- newer outcome; its attempts are still kept in the history, with applied = false (unless the
 -- message is gone: no attempt outlives its message). Rows released without an attempt get no
@@ -397,6 +402,7 @@ updated AS (
         endpoint_state = o.endpoint_state::jsonb
     FROM o
     WHERE m.outbox_message_id = o.outbox_message_id
+      AND m.created_at BETWEEN $19::timestamptz AND $20::timestamptz
       AND m.status = 'Processing'
       AND m.lease_token = o.lease_token
     RETURNING m.outbox_message_id, m.status, m.ordering_key, m.ordering_seq
@@ -437,6 +443,7 @@ kept AS (
         FROM o
         WHERE NOT EXISTS (
             SELECT 1 FROM updated AS u WHERE u.outbox_message_id = o.outbox_message_id)))
+      AND m.created_at BETWEEN $19::timestamptz AND $20::timestamptz
     FOR KEY SHARE OF m
 ),
 history AS (
@@ -463,7 +470,8 @@ LEFT JOIN next_in_key AS n ON n.after = u.outbox_message_id;
 -- record_outcomes for the usual batch: every message was answered 2xx by each endpoint of its
 -- event type, with nothing kept from before (endpoint_state NULL), so every outcome is Processed.
 -- The same rows written from fewer arrays: $1 ids and $2 lease tokens, one element per message;
--- $3…$8 one element per attempt, in the order of store.SentAttempt; $9 as $18 of record_outcomes.
+-- $3…$8 one element per attempt, in the order of store.SentAttempt; $9 as $18 of record_outcomes,
+-- $10/$11 as its $19/$20.
 -- Fenced by the lease token and keeping every attempt, as record_outcomes does. Returns one row:
 -- the ids whose outcome was not applied (stale), and whether an applied one let the next message
 -- of its ordering key go, due now.
@@ -486,6 +494,7 @@ updated AS (
         endpoint_state = NULL
     FROM o
     WHERE m.outbox_message_id = o.outbox_message_id
+      AND m.created_at BETWEEN $10::timestamptz AND $11::timestamptz
       AND m.status = 'Processing'
       AND m.lease_token = o.lease_token
     RETURNING m.outbox_message_id, m.ordering_key, m.ordering_seq

@@ -26,9 +26,10 @@ from tests.support.outbox_helpers import open_relay, row, run_cli, seed, statuse
 from tests.support.receiver import Receiver, Reply
 
 
-async def test_status_of_an_empty_outbox_is_healthy(db: Any) -> None:
+async def test_status_of_an_empty_outbox_is_healthy(db: Any, outbox_layout: str) -> None:
     status = (await operations.backlog_status(db, 900)).as_dict()
     assert abs(status.pop("clock_offset_seconds")) < 5  # the same machine's clock
+    assert status.pop("layout")["layout"] == outbox_layout
     assert status == {
         "counts": {"Pending": 0, "Processing": 0, "Processed": 0, "Failed": 0},
         "oldest_due_pending_age_seconds": None,

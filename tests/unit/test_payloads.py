@@ -194,25 +194,52 @@ def test_text_fields_with_control_characters_are_refused_by_name(
 
 def test_a_generated_id_is_inserted_without_looking_for_a_conflict() -> None:
     """A random UUID made here cannot be in the table: no ON CONFLICT (one WAL record less per
-    message); an id the caller gives is checked, and a duplicate reported."""
+    message); an id the caller gives is checked (outbox_insert_message, migration 0019, or the
+    partitioned layout's), and a duplicate reported."""
     import uuid
 
     from outbox.producer.core import prepare
+    from outbox.store import partitions
 
     _, generated = prepare("OrderCompleted", {"n": 1}, None, None, None)
     given, statement = prepare("OrderCompleted", {"n": 1}, uuid.uuid4(), None, None)
     assert generated.name == "insert_new_message"
     assert "DO NOTHING" not in generated.sql
     assert statement.name == "insert_message"
-    assert "ON CONFLICT (outbox_message_id) DO NOTHING" in statement.sql
+    assert "outbox_insert_message($1, $2, $3::jsonb, $4::text, $5::jsonb)" in statement.sql
+    assert "ON CONFLICT (outbox_message_id) DO NOTHING" in _migration_0019()
+    assert "ON CONFLICT (outbox_message_id) DO NOTHING" in partitions._PLAIN_INSERT
+    assert "INSERT INTO outbox_message_ids" in partitions._PARTITIONED_INSERT
     assert statement.args[0] == given
 
 
-def test_both_inserts_write_the_same_row() -> None:
-    from outbox.store import QUERIES
+def _migration_0019() -> str:
+    from outbox.store.migrate import MIGRATIONS_DIR
 
-    def statement(name: str) -> list[str]:
-        lines = QUERIES[name].splitlines()
-        return [line for line in lines if not line.startswith("--") and "DO NOTHING" not in line]
+    return MIGRATIONS_DIR.joinpath("0019_insert_message_function.sql").read_text()
 
-    assert statement("insert_new_message") == statement("insert_message")
+
+def _insert(sql: str) -> str:
+    """The INSERT's columns and values, parameters named alike, without spaces or comments."""
+    import re
+
+    body = "\n".join(line for line in sql.splitlines() if not line.strip().startswith("--"))
+    start = body.index("INSERT INTO outbox_messages")
+    end = body.index("RETURNING", start)
+    text = body[start:end].split("ON CONFLICT")[0].replace(" AS m", "")
+    for number, name in enumerate(
+        ("p_id", "p_event_type", "p_payload", "p_ordering_key", "p_trace_context"), 1
+    ):
+        text = re.sub(rf"\${number}(::\w+)?\b", name, text)
+    return re.sub(r"\s+", "", text)
+
+
+def test_every_insert_writes_the_same_row() -> None:
+    """The producer's INSERT of a generated id, the plain table's function (migration 0019) and
+    the partitioned layout's write the same columns with the same values."""
+    from outbox.store import QUERIES, partitions
+
+    new = _insert(QUERIES["insert_new_message"])
+    assert new == _insert(_migration_0019())
+    assert new == _insert(partitions._PLAIN_INSERT)
+    assert new == _insert(partitions._PARTITIONED_INSERT)
