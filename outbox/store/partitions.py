@@ -39,6 +39,7 @@ import itertools
 import logging
 import re
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -781,8 +782,9 @@ async def _move_back(conn: store.Connection, table: str, condition: str, batch_s
 
 def _before(message_id: Any) -> Any:
     """The id just before ``message_id`` in uuid order (its history is read again from it)."""
-    value = message_id.int - 1 if message_id is not None else None
-    return None if value is None or value < 0 else type(message_id)(int=value)
+    if message_id is None or message_id.int == 0:
+        return None
+    return uuid.UUID(int=message_id.int - 1)
 
 
 def _key_columns(table: str, alias: str) -> str:

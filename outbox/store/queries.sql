@@ -673,8 +673,11 @@ SELECT
     (SELECT count(*)
        FROM (SELECT 1 FROM outbox_messages WHERE status = 'Processed' LIMIT $1::bigint) AS p
     ) AS processed,
-    (SELECT reltuples::bigint FROM pg_class
-      WHERE oid = to_regclass('outbox_messages')) AS estimated_rows,
+    -- On the partitioned layout, the partitions' estimates (autovacuum analyses no parent).
+    (SELECT sum(GREATEST(c.reltuples, 0))::bigint FROM pg_class AS c
+      WHERE c.oid = to_regclass('outbox_messages') AND c.relkind = 'r'
+         OR c.oid IN (SELECT inhrelid FROM pg_inherits
+                      WHERE inhparent = to_regclass('outbox_messages'))) AS estimated_rows,
     (SELECT count(*) FROM outbox_messages WHERE status = 'Failed') AS failed,
     (SELECT extract(epoch FROM now() - min(created_at))::float8
        FROM outbox_messages
