@@ -336,8 +336,11 @@ async def _switch(conn: store.Connection) -> None:
         first_upper = _floor(bound, step) + step
         await _fetchval(
             conn,
-            "SELECT setval('outbox_attempts_id_seq', COALESCE(pg_sequence_last_value("
-            "pg_get_serial_sequence('outbox_attempts', 'attempt_id')), 0) + 1, false)",
+            # Attempt ids go on rising: from the identity's sequence (migration 0003), or from
+            # this one's own value (a table converted back, then again).
+            "SELECT setval('outbox_attempts_id_seq', GREATEST("
+            "(SELECT last_value FROM outbox_attempts_id_seq), COALESCE(pg_sequence_last_value("
+            "pg_get_serial_sequence('outbox_attempts', 'attempt_id')::regclass), 0)) + 1, false)",
         )
         for table in (MESSAGES, ATTEMPTS):
             await _execute(
@@ -351,7 +354,9 @@ async def _switch(conn: store.Connection) -> None:
                         conn, f"ALTER INDEX {name} RENAME TO {_legacy_name(name, table)}"
                     )
             if table == ATTEMPTS:
-                await _execute(conn, "ALTER TABLE outbox_attempts ALTER attempt_id DROP IDENTITY")
+                await _execute(
+                    conn, "ALTER TABLE outbox_attempts ALTER attempt_id DROP IDENTITY IF EXISTS"
+                )
             else:
                 for trigger in _MESSAGE_TRIGGER_NAMES:
                     await _execute(conn, f"DROP TRIGGER IF EXISTS {trigger} ON outbox_messages")

@@ -568,16 +568,26 @@ async def requeue_failed(
     total, first = 0, list[UUID]()
     after: tuple[datetime | None, UUID | None] = (None, None)
     while True:
-        rows = in_requeue_order(
-            await conn.fetch(
-                QUERIES["requeue_failed"], *filters, *after, batch_size, endpoint, error
+        async with acquired(conn) as connection, connection.transaction():
+            rows = in_requeue_order(
+                await _requeue_batch(connection, *filters, *after, batch_size, endpoint, error)
             )
-        )
         total += len(rows)
         first += [row["outbox_message_id"] for row in rows[: listed - len(first)]]
         if len(rows) < batch_size:
             return Requeued(total, first)
         after = (rows[-1]["created_at"], rows[-1]["outbox_message_id"])
+
+
+async def _requeue_batch(connection: Connection, *args: Any) -> list[Any]:
+    """One batch of requeue_failed, inside the caller's transaction, planned on its indexes
+    alone: on the partitioned layout the planner would otherwise sort every remaining Failed row
+    of a partition for each batch rather than merge the partitions' (created_at, id) index in
+    order, or read a partition whole for the batch's ids before autovacuum has analysed it
+    (docs/partitioning.md)."""
+    await connection.execute("SET LOCAL enable_sort = off; SET LOCAL enable_seqscan = off")
+    rows: list[Any] = await connection.fetch(QUERIES["requeue_failed"], *args)
+    return rows
 
 
 def in_requeue_order(rows: list[Any]) -> list[Any]:
@@ -623,9 +633,7 @@ async def requeue_failed_step(
         rows = [
             dict(r)
             for r in in_requeue_order(
-                await connection.fetch(
-                    QUERIES["requeue_failed"], *wanted, *after, batch_size, endpoint, error
-                )
+                await _requeue_batch(connection, *wanted, *after, batch_size, endpoint, error)
             )
         ]
         if rows:

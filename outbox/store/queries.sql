@@ -708,8 +708,8 @@ SELECT
 -- endpoints that failed are sent it again ($8's alone, when given); those that got it are not.
 -- Returns the rows it requeued (in no particular order: the caller sorts them to find where the
 -- batch ended).
-WITH batch AS (
-    SELECT outbox_message_id
+WITH candidates AS (
+    SELECT outbox_message_id, created_at
     FROM outbox_messages
     WHERE status = 'Failed'
       AND ($1::uuid[] IS NULL OR outbox_message_id = ANY ($1::uuid[]))
@@ -724,6 +724,16 @@ WITH batch AS (
              COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
     ORDER BY created_at, outbox_message_id
     LIMIT $7
+),
+batch AS (
+    -- Locked apart from the ordered read above, which stays a merge of the partitions' indexes
+    -- on the partitioned layout (store.postgres._requeue_batch).
+    SELECT outbox_message_id
+    FROM outbox_messages
+    WHERE outbox_message_id = ANY (ARRAY(SELECT outbox_message_id FROM candidates))
+      AND created_at BETWEEN (SELECT min(created_at) FROM candidates)
+                         AND (SELECT max(created_at) FROM candidates)
+      AND status = 'Failed'
     FOR UPDATE
 )
 UPDATE outbox_messages AS m
