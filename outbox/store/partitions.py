@@ -289,8 +289,7 @@ async def _prepare(conn: store.Connection, interval: str) -> None:
             await _execute(conn, _retarget(definition, table, f"{table}_next", "_next"))
         await _execute(
             conn,
-            f"CREATE TABLE {table}_default PARTITION OF {table}_next DEFAULT"
-            + (" WITH (fillfactor = 50)" if table == MESSAGES else ""),
+            f"CREATE TABLE {table}_default PARTITION OF {table}_next DEFAULT" + _storage(table),
         )
     await _execute(
         conn,
@@ -357,19 +356,12 @@ async def _switch(conn: store.Connection) -> None:
                 await _execute(
                     conn, "ALTER TABLE outbox_attempts ALTER attempt_id DROP IDENTITY IF EXISTS"
                 )
-            else:
-                for trigger in _MESSAGE_TRIGGER_NAMES:
-                    await _execute(conn, f"DROP TRIGGER IF EXISTS {trigger} ON outbox_messages")
-            await _execute(conn, f"ALTER TABLE {table} RENAME TO {table}_legacy")
-            await _execute(conn, f"ALTER TABLE {table}_next RENAME TO {table}")
-            for name in await _index_names(conn, table):
-                if name.endswith("_next"):
-                    await _execute(conn, f"ALTER INDEX {name} RENAME TO {name[: -len('_next')]}")
+            await _take_over(conn, table, f"{table}_legacy")
             await _execute(
                 conn,
                 f"CREATE TABLE {_partition_name(table, bound, step)} PARTITION OF {table} "
                 f"FOR VALUES FROM ('{bound.isoformat()}') TO ('{first_upper.isoformat()}')"
-                + (" WITH (fillfactor = 50)" if table == MESSAGES else ""),
+                + _storage(table),
             )
         await _execute(conn, _PARTITIONED_INSERT)
         await _fetchval(conn, "UPDATE outbox_partitioning SET legacy_bound = $1", bound)
@@ -529,7 +521,7 @@ async def _attach_new(
         await _execute(
             conn,
             f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
-            + (" WITH (fillfactor = 50)" if table == MESSAGES else ""),
+            + _storage(table),
         )
         await _execute(
             conn,
@@ -804,7 +796,7 @@ async def _prepare_plain(conn: store.Connection) -> None:
         await _execute(
             conn,
             f"CREATE TABLE {table}_next (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS "
-            "INCLUDING COMMENTS)" + (" WITH (fillfactor = 50)" if table == MESSAGES else ""),
+            "INCLUDING COMMENTS)" + _storage(table),
         )
         key = "outbox_message_id" if table == MESSAGES else "outbox_message_id, attempt_id"
         await _execute(
@@ -824,18 +816,24 @@ async def _switch_back(conn: store.Connection) -> None:
         for table in (MESSAGES, ATTEMPTS):
             for name in await _index_names(conn, table):
                 await _execute(conn, f"ALTER INDEX {name} RENAME TO {_old_name(name, table)}")
-            if table == MESSAGES:
-                for trigger in _MESSAGE_TRIGGER_NAMES:
-                    await _execute(conn, f"DROP TRIGGER IF EXISTS {trigger} ON outbox_messages")
-            await _execute(conn, f"ALTER TABLE {table} RENAME TO {table}_partitioned_old")
-            await _execute(conn, f"ALTER TABLE {table}_next RENAME TO {table}")
-            for name in await _index_names(conn, table):
-                if name.endswith("_next"):
-                    await _execute(conn, f"ALTER INDEX {name} RENAME TO {name[: -len('_next')]}")
+            await _take_over(conn, table, f"{table}_partitioned_old")
         await _execute(
             conn, "ALTER SEQUENCE outbox_attempts_id_seq OWNED BY outbox_attempts.attempt_id"
         )
         await _execute(conn, _PLAIN_INSERT)
+
+
+async def _take_over(conn: store.Connection, table: str, aside: str) -> None:
+    """``table`` renamed ``aside`` (without the triggers that delete a message's history, which
+    belong to the table in use), and ``{table}_next`` with its indexes given the names."""
+    if table == MESSAGES:
+        for trigger in _MESSAGE_TRIGGER_NAMES:
+            await _execute(conn, f"DROP TRIGGER IF EXISTS {trigger} ON outbox_messages")
+    await _execute(conn, f"ALTER TABLE {table} RENAME TO {aside}")
+    await _execute(conn, f"ALTER TABLE {table}_next RENAME TO {table}")
+    for name in await _index_names(conn, table):
+        if name.endswith("_next"):
+            await _execute(conn, f"ALTER INDEX {name} RENAME TO {name[: -len('_next')]}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -850,41 +848,33 @@ _MESSAGE_TRIGGERS = (
     "FOR EACH STATEMENT EXECUTE FUNCTION outbox_truncate_attempts()",
 )
 
-_INSERT_HEAD = """
-CREATE OR REPLACE FUNCTION outbox_insert_message(
-    p_id uuid, p_event_type text, p_payload jsonb, p_ordering_key text, p_trace_context jsonb)
-RETURNS SETOF uuid
-LANGUAGE plpgsql AS $$
-BEGIN
-"""
-_INSERT_ROW = """
-    INSERT INTO outbox_messages AS m
-        (outbox_message_id, event_type, payload, status, next_attempt_at, ordering_key,
-         ordering_seq, trace_context)
-    VALUES (p_id, p_event_type, p_payload, 'Pending', now(), p_ordering_key,
-            CASE WHEN p_ordering_key IS NOT NULL THEN nextval('outbox_messages_ordering_seq') END,
-            p_trace_context)
-"""
-# The plain table's (migration 0019).
+# The plain table's: migration 0019's, put back by the conversion to the plain tables.
 _PLAIN_INSERT = (
-    _INSERT_HEAD
-    + "    RETURN QUERY"
-    + _INSERT_ROW
-    + "    ON CONFLICT (outbox_message_id) DO NOTHING\n    RETURNING m.outbox_message_id;\nEND\n$$"
+    migrations.MIGRATIONS_DIR.joinpath("0019_insert_message_function.sql")
+    .read_text(encoding="utf-8")
+    .replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION", 1)
 )
-# The partitioned layout's: the id claimed first (a concurrent claim of the same id waits for the
-# first transaction, as the plain table's unique index makes it wait).
-_PARTITIONED_INSERT = (
-    _INSERT_HEAD
-    + """    INSERT INTO outbox_message_ids (outbox_message_id) VALUES (p_id)
+_CLAIM = """    INSERT INTO outbox_message_ids (outbox_message_id) VALUES (p_id)
     ON CONFLICT (outbox_message_id) DO NOTHING;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
 """
-    + "    IF NOT FOUND THEN\n        RETURN;\n    END IF;\n    RETURN QUERY"
-    + _INSERT_ROW
-    + "    RETURNING m.outbox_message_id;\nEND\n$$"
-)
+_NO_CONFLICT = "    ON CONFLICT (outbox_message_id) DO NOTHING\n"
+# The partitioned layout's: the same insert, the id claimed first (a concurrent claim of the same
+# id waits for the first transaction, as the plain table's unique index makes it wait).
+# (tests/unit/test_payloads.py checks that both write the same row.)
+_PARTITIONED_INSERT = _PLAIN_INSERT.replace(
+    "    RETURN QUERY", _CLAIM + "    RETURN QUERY", 1
+).replace(_NO_CONFLICT, "", 1)
 
 _MIN = datetime(1, 1, 1, tzinfo=UTC)
+
+
+def _storage(table: str) -> str:
+    """The messages' room on each page for their next versions (migration 0009), on every
+    partition: a partitioned table keeps no storage parameters of its own."""
+    return " WITH (fillfactor = 50)" if table == MESSAGES else ""
 
 
 def _floor(moment: datetime, step: timedelta) -> datetime:

@@ -210,6 +210,8 @@ def test_a_generated_id_is_inserted_without_looking_for_a_conflict() -> None:
     assert "ON CONFLICT (outbox_message_id) DO NOTHING" in _migration_0019()
     assert "ON CONFLICT (outbox_message_id) DO NOTHING" in partitions._PLAIN_INSERT
     assert "INSERT INTO outbox_message_ids" in partitions._PARTITIONED_INSERT
+    assert "DO NOTHING;\n    IF NOT FOUND THEN" in partitions._PARTITIONED_INSERT
+    assert partitions._NO_CONFLICT not in partitions._PARTITIONED_INSERT
     assert statement.args[0] == given
 
 
