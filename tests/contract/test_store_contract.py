@@ -51,11 +51,13 @@ def sent(message: LeasedMessage, endpoint: str = "orders") -> SentAttempt:
 async def test_a_lease_takes_due_messages_in_order_each_with_a_fresh_token(
     harness: Harness,
 ) -> None:
-    first, second = await harness.add(), await harness.add()
+    first, second, third = await harness.add(), await harness.add(), await harness.add()
+    (one,) = (await harness.store.lease_batch(1, LEASE_SECONDS)).messages
     lease = await harness.store.lease_batch(10, LEASE_SECONDS)
-    assert [m.message_id for m in lease.messages] == [first, second]
-    assert [m.attempt for m in lease.messages] == [1, 1]
-    assert len({m.lease_token for m in lease.messages}) == 2
+    assert one.message_id == first  # the earliest due first
+    assert {m.message_id for m in lease.messages} == {second, third}  # returned in any order
+    assert [m.attempt for m in (one, *lease.messages)] == [1, 1, 1]
+    assert len({m.lease_token for m in (one, *lease.messages)}) == 3
     assert lease.taken == 2
     assert lease.database_now is not None
     assert (await harness.row(first)).status == "Processing"
@@ -102,7 +104,8 @@ async def test_one_message_of_an_ordering_key_is_in_flight_at_a_time(harness: Ha
     second = await harness.add(key="customer-1")
     free = await harness.add()
     lease = await harness.store.lease_batch(10, LEASE_SECONDS)
-    assert [m.message_id for m in lease.messages] == [first, free]
+    assert {m.message_id for m in lease.messages} == {first, free}  # in any order
+    assert len(lease.messages) == 2
     assert (await harness.row(second)).status == "Pending"
     (message,) = [m for m in lease.messages if m.message_id == first]
     written = await harness.store.record_outcomes([recorded(message, Status.PROCESSED)])
@@ -172,7 +175,9 @@ async def test_release_held_lets_go_what_nothing_holds_any_more(harness: Harness
 
 async def test_outcomes_are_written_processed_retried_and_failed(harness: Harness) -> None:
     ids = [await harness.add() for _ in range(3)]
-    done, retried, failed = (await harness.store.lease_batch(10, LEASE_SECONDS)).messages
+    lease = await harness.store.lease_batch(10, LEASE_SECONDS)
+    leased = {m.message_id: m for m in lease.messages}
+    done, retried, failed = (leased[i] for i in ids)  # a lease returns its rows in any order
     records = [
         recorded(done, Status.PROCESSED),
         recorded(retried, Status.PENDING, delay=30.0, error="HTTP 503"),
