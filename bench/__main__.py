@@ -17,6 +17,11 @@ Figures, each repeated and reported as a median:
   instant receiver: msg/s, the relay's CPU and the database's WAL per message;
 - endpoints: 1,000 endpoints over 200 event types, Zipf traffic: deliveries/s, the relay's CPU
   and peak RSS, and a profile's top frames;
+- exporter: the relay with the OpenTelemetry SDK and its OTLP exporter on (to a local collector),
+  every delivery sampled and one in ten, against no SDK: the ratio of rates and of the relay's
+  CPU per message, per round (median and spread);
+- backlog: one relay process draining a million due rows: its time, and the lease's p50 / p99
+  at the drain's start, middle and end;
 - memory: the relay's peak RSS draining a 100k backlog;
 - isolation: 200 messages for a healthy endpoint behind 1,000 for one that never answers;
 - beside: 500 for a healthy endpoint beside 5,000 for a blackholed one (timeout 10 s): the healthy
@@ -43,9 +48,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    backlog,
     console,
     dbcost,
     endpoints,
+    exporter,
     instructions,
     isolation,
     latency,
@@ -65,6 +72,8 @@ PHASES = (
     "pushback",
     "payloads",
     "endpoints",
+    "exporter",
+    "backlog",
     "scale",
     "memory",
     "isolation",
@@ -74,6 +83,8 @@ PHASES = (
     "instructions",
     "console",
 )
+# Rows per lease (the relay's default), and per pgqueuer dequeue.
+BATCH_SIZE = 100
 SMOKE = {
     "messages": 500,
     "rounds": 1,
@@ -88,6 +99,10 @@ SMOKE = {
     "endpoints_messages": 200,
     "endpoints_types": 20,
     "endpoints_runs": 1,
+    "exporter_messages": 200,
+    "exporter_runs": 1,
+    "backlog_messages": 2_000,
+    "backlog_runs": 1,
     "scale_small": 2_000,
     "scale_large": 20_000,
     "scale_failed": 2_000,
@@ -122,7 +137,7 @@ SMOKE = {
 
 
 def add_section_options(parser: argparse.ArgumentParser) -> None:
-    """The options of the slow, push-back and payload-size sections."""
+    """The options of the slow, push-back, payload-size, endpoints and exporter sections."""
     add = parser.add_argument
     add("--slow-messages", type=int, default=10_000, help="messages per slow-receiver run")
     add("--slow-runs", type=int, default=3, help="rounds of the slow and push-back sections")
@@ -133,6 +148,10 @@ def add_section_options(parser: argparse.ArgumentParser) -> None:
     add("--endpoints-messages", type=int, default=10_000, help="many-endpoints backlog")
     add("--endpoints-types", type=int, default=200, help="event types, five endpoints each")
     add("--endpoints-runs", type=int, default=3, help="rounds of the many-endpoints section")
+    add("--exporter-messages", type=int, default=20_000, help="per drain, exporter section")
+    add("--exporter-runs", type=int, default=3, help="rounds of the exporter section")
+    add("--backlog-messages", type=int, default=1_000_000, help="the backlog drained at once")
+    add("--backlog-runs", type=int, default=1, help="rounds of the backlog section")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -142,7 +161,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--rounds", type=int, default=5, help="throughput runs per contender")
     add("--concurrency", type=int, default=16, help="HTTP requests in flight, every contender")
     add("--contenders", default=",".join(throughput.CONTENDERS))
-    add("--pgq-max-tasks", type=int, default=0, help="pgqueuer max_concurrent_tasks (0: unset)")
+    add(
+        "--pgq-max-tasks",
+        type=int,
+        default=2 * BATCH_SIZE,
+        help="pgqueuer max_concurrent_tasks (0: unset); by default twice the batch size, the "
+        "least pgqueuer accepts and what its performance-tuning guide sets for a batch",
+    )
     add("--latency-rate", type=float, default=200.0, help="offered load, messages per second")
     add("--latency-messages", type=int, default=2_000)
     add("--latency-runs", type=int, default=5)
@@ -235,6 +260,20 @@ async def delivery_phases(
             types=args.endpoints_types,
             per_type=5,
             runs=args.endpoints_runs,
+            concurrency=args.concurrency,
+        )
+    if "exporter" not in skip:
+        results["exporter"] = await exporter.measure(
+            receiver,
+            messages=args.exporter_messages,
+            runs=args.exporter_runs,
+            concurrency=args.concurrency,
+        )
+    if "backlog" not in skip:
+        results["backlog"] = await backlog.measure(
+            receiver,
+            messages=args.backlog_messages,
+            runs=args.backlog_runs,
             concurrency=args.concurrency,
         )
     if "memory" not in skip:
@@ -332,14 +371,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def config(args: argparse.Namespace) -> dict[str, Any]:
     values = {k: v for k, v in vars(args).items() if k not in ("output_json", "plot")}
-    values["batch_size"] = 100
+    values["batch_size"] = BATCH_SIZE
     max_tasks = args.pgq_max_tasks or "unset (its default)"
     values["pgqueuer"] = (
         f"QueueManager(Queries(AsyncpgDriver(one asyncpg connection))), run(mode=drain, "
-        f"batch_size=100, max_concurrent_tasks={max_tasks}), its default dequeue and heartbeat "
-        f"timeouts; entrypoint without concurrency_limit; schema from Queries.install(); "
-        f"entrypoint POSTs job.payload over a shared aiohttp session with {args.concurrency} "
-        f"connections"
+        f"batch_size={BATCH_SIZE}, max_concurrent_tasks={max_tasks}), its default dequeue and "
+        f"heartbeat timeouts; entrypoint without concurrency_limit; schema from "
+        f"Queries.install(); entrypoint POSTs job.payload, signed (Standard Webhooks headers, "
+        f"as the relay's), over a shared aiohttp session with {args.concurrency} connections"
     )
     return values
 
