@@ -22,6 +22,9 @@ Figures, each repeated and reported as a median:
   CPU per message, per round (median and spread);
 - backlog: one relay process draining a million due rows: its time, and the lease's p50 / p99
   at the drain's start, middle and end;
+- sustained: ten minutes at a steady offered load with autovacuum on and the retention purge
+  running: lease and commit → webhook p50 / p99 and the table's size per minute, and how flat
+  they stay;
 - memory: the relay's peak RSS draining a 100k backlog;
 - isolation: 200 messages for a healthy endpoint behind 1,000 for one that never answers;
 - beside: 500 for a healthy endpoint beside 5,000 for a blackholed one (timeout 10 s): the healthy
@@ -61,6 +64,7 @@ from bench import (
     report,
     scale,
     slow,
+    sustained,
     throughput,
 )
 from bench.common import ReceiverProcess, admin_dsn, log
@@ -74,6 +78,7 @@ PHASES = (
     "endpoints",
     "exporter",
     "backlog",
+    "sustained",
     "scale",
     "memory",
     "isolation",
@@ -103,6 +108,10 @@ SMOKE = {
     "exporter_runs": 1,
     "backlog_messages": 2_000,
     "backlog_runs": 1,
+    "sustained_seconds": 6.0,
+    "sustained_rate": 50.0,
+    "sustained_window": 2.0,
+    "sustained_purge_every": 1.0,
     "scale_small": 2_000,
     "scale_large": 20_000,
     "scale_failed": 2_000,
@@ -152,6 +161,10 @@ def add_section_options(parser: argparse.ArgumentParser) -> None:
     add("--exporter-runs", type=int, default=3, help="rounds of the exporter section")
     add("--backlog-messages", type=int, default=1_000_000, help="the backlog drained at once")
     add("--backlog-runs", type=int, default=1, help="rounds of the backlog section")
+    add("--sustained-seconds", type=float, default=600.0, help="the sustained run's length")
+    add("--sustained-rate", type=float, default=200.0, help="its offered load, msg/s")
+    add("--sustained-window", type=float, default=60.0, help="seconds per reported window")
+    add("--sustained-purge-every", type=float, default=10.0, help="seconds between purges")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -218,7 +231,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 async def delivery_phases(
     args: argparse.Namespace, skip: set[str], receiver: ReceiverProcess
 ) -> dict[str, Any]:
-    """Throughput, latency, slow receivers, payload sizes, memory."""
+    """Throughput, latency, slow receivers, payload sizes, endpoints, memory."""
     results: dict[str, Any] = {}
     if "throughput" not in skip:
         options = throughput.Options(
@@ -262,6 +275,21 @@ async def delivery_phases(
             runs=args.endpoints_runs,
             concurrency=args.concurrency,
         )
+    if "memory" not in skip:
+        results["memory"] = await memory.measure(
+            receiver,
+            messages=args.memory_messages,
+            runs=args.memory_runs,
+            concurrency=args.concurrency,
+        )
+    return results
+
+
+async def real_world_phases(
+    args: argparse.Namespace, skip: set[str], receiver: ReceiverProcess
+) -> dict[str, Any]:
+    """An exporter on, a million-row backlog, minutes of steady load."""
+    results: dict[str, Any] = {}
     if "exporter" not in skip:
         results["exporter"] = await exporter.measure(
             receiver,
@@ -276,11 +304,13 @@ async def delivery_phases(
             runs=args.backlog_runs,
             concurrency=args.concurrency,
         )
-    if "memory" not in skip:
-        results["memory"] = await memory.measure(
+    if "sustained" not in skip:
+        results["sustained"] = await sustained.measure(
             receiver,
-            messages=args.memory_messages,
-            runs=args.memory_runs,
+            seconds=args.sustained_seconds,
+            rate=args.sustained_rate,
+            window=args.sustained_window,
+            purge_every=args.sustained_purge_every,
             concurrency=args.concurrency,
         )
     return results
@@ -339,6 +369,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with ReceiverProcess() as receiver:
         results.update(await delivery_phases(args, skip, receiver))
+        results.update(await real_world_phases(args, skip, receiver))
         results.update(await cost_phases(args, skip, receiver))
         if "console" not in skip:
             results["console"] = await console.measure(

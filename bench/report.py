@@ -551,6 +551,7 @@ def table(doc: dict[str, Any]) -> str:
         + _endpoint_lines(doc)
         + _exporter_lines(doc)
         + _backlog_lines(doc)
+        + _sustained_lines(doc)
         + _lease_lines(doc)
     )
 
@@ -566,6 +567,22 @@ def _backlog_lines(doc: dict[str, Any]) -> list[str]:
         f"| {section['messages']:,} due rows drained by one relay: seconds; msg/s; lease p50 / p99 "
         f"ms at start, middle, end | {section['seconds_median']:,.0f} s; "
         f"{section['rate_median']:,.0f}; {leases} | |"
+    ]
+
+
+def _sustained_lines(doc: dict[str, Any]) -> list[str]:
+    """Minutes at a steady load: how flat the lease, the delivery and the table stayed."""
+    section = doc.get("sustained")
+    if not section:
+        return []
+    flat = section["flatness"]
+    return [
+        f"| {section['seconds']:g} s at {section['rate']:g} msg/s, autovacuum "
+        f"{section['autovacuum']}, purge running: last ÷ first window, delivery p50 / p99, "
+        f"lease p50 / p99; table largest ÷ smallest | "
+        f"{flat['delivery_p50_last_vs_first']:g} / {flat['delivery_p99_last_vs_first']:g}; "
+        f"{flat['lease_p50_last_vs_first']:g} / {flat['lease_p99_last_vs_first']:g}; "
+        f"{flat['table_largest_vs_smallest']:g} | |"
     ]
 
 
