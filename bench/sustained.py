@@ -1,8 +1,8 @@
 """Sustained running: a steady offered load for minutes, with autovacuum on and the purge running.
 
 For ``seconds`` (600 in the full run), a producer commits ``rate`` events a second through the
-producer API (a transaction every ``TICK`` seconds, each event stamped with ``committedAt`` just
-before its commit), and one relay (``Relay.open``, in this process) runs as a polling host runs
+producer API (a transaction every ``TICK`` seconds, its events stamped with ``committedAt`` as it
+begins), and one relay (``Relay.open``, in this process) runs as a polling host runs
 it: a drain (``execute(until_caught_up=True)``) after another, ``IDLE`` seconds apart when one
 found nothing. Every ``purge_every`` seconds the retention purge (``outbox.store.operations.
 purge``, batches of 1,000) deletes the Processed rows; its retention is 0 days (every Processed
