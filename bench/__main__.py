@@ -17,6 +17,14 @@ Figures, each repeated and reported as a median:
   instant receiver: msg/s, the relay's CPU and the database's WAL per message;
 - endpoints: 1,000 endpoints over 200 event types, Zipf traffic: deliveries/s, the relay's CPU
   and peak RSS, and a profile's top frames;
+- exporter: the relay with the OpenTelemetry SDK and its OTLP exporter on (to a local collector),
+  every delivery sampled and one in ten, against no SDK: the ratio of rates and of the relay's
+  CPU per message, per round (median and spread);
+- backlog: one relay process draining a million due rows: its time, and the lease's p50 / p99
+  at the drain's start, middle and end;
+- sustained: ten minutes at a steady offered load with autovacuum on and the retention purge
+  running: lease and commit → webhook p50 / p99 and the table's size per minute, and how flat
+  they stay;
 - memory: the relay's peak RSS draining a 100k backlog;
 - isolation: 200 messages for a healthy endpoint behind 1,000 for one that never answers;
 - beside: 500 for a healthy endpoint beside 5,000 for a blackholed one (timeout 10 s): the healthy
@@ -43,9 +51,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import (
+    backlog,
     console,
     dbcost,
     endpoints,
+    exporter,
     instructions,
     isolation,
     latency,
@@ -54,6 +64,7 @@ from bench import (
     report,
     scale,
     slow,
+    sustained,
     throughput,
 )
 from bench.common import ReceiverProcess, admin_dsn, log
@@ -65,6 +76,9 @@ PHASES = (
     "pushback",
     "payloads",
     "endpoints",
+    "exporter",
+    "backlog",
+    "sustained",
     "scale",
     "memory",
     "isolation",
@@ -74,6 +88,8 @@ PHASES = (
     "instructions",
     "console",
 )
+# Rows per lease (the relay's default), and per pgqueuer dequeue.
+BATCH_SIZE = 100
 SMOKE = {
     "messages": 500,
     "rounds": 1,
@@ -88,6 +104,14 @@ SMOKE = {
     "endpoints_messages": 200,
     "endpoints_types": 20,
     "endpoints_runs": 1,
+    "exporter_messages": 200,
+    "exporter_runs": 1,
+    "backlog_messages": 2_000,
+    "backlog_runs": 1,
+    "sustained_seconds": 6.0,
+    "sustained_rate": 50.0,
+    "sustained_window": 2.0,
+    "sustained_purge_every": 1.0,
     "scale_small": 2_000,
     "scale_large": 20_000,
     "scale_failed": 2_000,
@@ -122,7 +146,7 @@ SMOKE = {
 
 
 def add_section_options(parser: argparse.ArgumentParser) -> None:
-    """The options of the slow, push-back and payload-size sections."""
+    """The options of the slow, push-back, payload-size, endpoints and exporter sections."""
     add = parser.add_argument
     add("--slow-messages", type=int, default=10_000, help="messages per slow-receiver run")
     add("--slow-runs", type=int, default=3, help="rounds of the slow and push-back sections")
@@ -133,6 +157,14 @@ def add_section_options(parser: argparse.ArgumentParser) -> None:
     add("--endpoints-messages", type=int, default=10_000, help="many-endpoints backlog")
     add("--endpoints-types", type=int, default=200, help="event types, five endpoints each")
     add("--endpoints-runs", type=int, default=3, help="rounds of the many-endpoints section")
+    add("--exporter-messages", type=int, default=20_000, help="per drain, exporter section")
+    add("--exporter-runs", type=int, default=3, help="rounds of the exporter section")
+    add("--backlog-messages", type=int, default=1_000_000, help="the backlog drained at once")
+    add("--backlog-runs", type=int, default=1, help="rounds of the backlog section")
+    add("--sustained-seconds", type=float, default=600.0, help="the sustained run's length")
+    add("--sustained-rate", type=float, default=200.0, help="its offered load, msg/s")
+    add("--sustained-window", type=float, default=60.0, help="seconds per reported window")
+    add("--sustained-purge-every", type=float, default=10.0, help="seconds between purges")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -142,7 +174,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--rounds", type=int, default=5, help="throughput runs per contender")
     add("--concurrency", type=int, default=16, help="HTTP requests in flight, every contender")
     add("--contenders", default=",".join(throughput.CONTENDERS))
-    add("--pgq-max-tasks", type=int, default=0, help="pgqueuer max_concurrent_tasks (0: unset)")
+    add(
+        "--pgq-max-tasks",
+        type=int,
+        default=2 * BATCH_SIZE,
+        help="pgqueuer max_concurrent_tasks (0: unset); by default twice the batch size, the "
+        "least pgqueuer accepts and what its performance-tuning guide sets for a batch",
+    )
     add("--latency-rate", type=float, default=200.0, help="offered load, messages per second")
     add("--latency-messages", type=int, default=2_000)
     add("--latency-runs", type=int, default=5)
@@ -193,7 +231,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 async def delivery_phases(
     args: argparse.Namespace, skip: set[str], receiver: ReceiverProcess
 ) -> dict[str, Any]:
-    """Throughput, latency, slow receivers, payload sizes, memory."""
+    """Throughput, latency, slow receivers, payload sizes, endpoints, memory."""
     results: dict[str, Any] = {}
     if "throughput" not in skip:
         options = throughput.Options(
@@ -242,6 +280,37 @@ async def delivery_phases(
             receiver,
             messages=args.memory_messages,
             runs=args.memory_runs,
+            concurrency=args.concurrency,
+        )
+    return results
+
+
+async def real_world_phases(
+    args: argparse.Namespace, skip: set[str], receiver: ReceiverProcess
+) -> dict[str, Any]:
+    """An exporter on, a million-row backlog, minutes of steady load."""
+    results: dict[str, Any] = {}
+    if "exporter" not in skip:
+        results["exporter"] = await exporter.measure(
+            receiver,
+            messages=args.exporter_messages,
+            runs=args.exporter_runs,
+            concurrency=args.concurrency,
+        )
+    if "backlog" not in skip:
+        results["backlog"] = await backlog.measure(
+            receiver,
+            messages=args.backlog_messages,
+            runs=args.backlog_runs,
+            concurrency=args.concurrency,
+        )
+    if "sustained" not in skip:
+        results["sustained"] = await sustained.measure(
+            receiver,
+            seconds=args.sustained_seconds,
+            rate=args.sustained_rate,
+            window=args.sustained_window,
+            purge_every=args.sustained_purge_every,
             concurrency=args.concurrency,
         )
     return results
@@ -300,6 +369,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with ReceiverProcess() as receiver:
         results.update(await delivery_phases(args, skip, receiver))
+        results.update(await real_world_phases(args, skip, receiver))
         results.update(await cost_phases(args, skip, receiver))
         if "console" not in skip:
             results["console"] = await console.measure(
@@ -332,14 +402,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def config(args: argparse.Namespace) -> dict[str, Any]:
     values = {k: v for k, v in vars(args).items() if k not in ("output_json", "plot")}
-    values["batch_size"] = 100
+    values["batch_size"] = BATCH_SIZE
     max_tasks = args.pgq_max_tasks or "unset (its default)"
     values["pgqueuer"] = (
         f"QueueManager(Queries(AsyncpgDriver(one asyncpg connection))), run(mode=drain, "
-        f"batch_size=100, max_concurrent_tasks={max_tasks}), its default dequeue and heartbeat "
-        f"timeouts; entrypoint without concurrency_limit; schema from Queries.install(); "
-        f"entrypoint POSTs job.payload over a shared aiohttp session with {args.concurrency} "
-        f"connections"
+        f"batch_size={BATCH_SIZE}, max_concurrent_tasks={max_tasks}), its default dequeue and "
+        f"heartbeat timeouts; entrypoint without concurrency_limit; schema from "
+        f"Queries.install(); entrypoint POSTs job.payload, signed (Standard Webhooks headers, "
+        f"as the relay's), over a shared aiohttp session with {args.concurrency} connections"
     )
     return values
 

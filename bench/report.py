@@ -545,7 +545,65 @@ def table(doc: dict[str, Any]) -> str:
             + (f" ({swept} lost hints swept, not counted)" if swept else "")
             + " | |"
         )
-    return "\n".join(lines + _payload_lines(doc) + _endpoint_lines(doc) + _lease_lines(doc))
+    return "\n".join(
+        lines
+        + _payload_lines(doc)
+        + _endpoint_lines(doc)
+        + _exporter_lines(doc)
+        + _backlog_lines(doc)
+        + _sustained_lines(doc)
+        + _lease_lines(doc)
+    )
+
+
+def _backlog_lines(doc: dict[str, Any]) -> list[str]:
+    """The big backlog: its drain's time and rate, the lease's p50 / p99 at start, middle, end."""
+    section = doc.get("backlog")
+    if not section:
+        return []
+    last = section["rounds"][-1]["lease_ms"]
+    leases = ", ".join(f"{p} {last[p]['p50_ms']:g} / {last[p]['p99_ms']:g}" for p in last)
+    return [
+        f"| {section['messages']:,} due rows drained by one relay: seconds; msg/s; lease p50 / p99 "
+        f"ms at start, middle, end | {section['seconds_median']:,.0f} s; "
+        f"{section['rate_median']:,.0f}; {leases} | |"
+    ]
+
+
+def _sustained_lines(doc: dict[str, Any]) -> list[str]:
+    """Minutes at a steady load: how flat the lease, the delivery and the table stayed."""
+    section = doc.get("sustained")
+    if not section:
+        return []
+    flat = section["flatness"]
+    return [
+        f"| {section['seconds']:g} s at {section['rate']:g} msg/s, autovacuum "
+        f"{section['autovacuum']}, purge running: last ÷ first window, delivery p50 / p99, "
+        f"lease p50 / p99; table largest ÷ smallest | "
+        f"{flat['delivery_p50_last_vs_first']:g} / {flat['delivery_p99_last_vs_first']:g}; "
+        f"{flat['lease_p50_last_vs_first']:g} / {flat['lease_p99_last_vs_first']:g}; "
+        f"{flat['table_largest_vs_smallest']:g} | |"
+    ]
+
+
+def _exporter_lines(doc: dict[str, Any]) -> list[str]:
+    """The OTLP exporter on, every delivery sampled and one in ten: rate and CPU ÷ no SDK's."""
+    section = doc.get("exporter")
+    if not section:
+        return []
+    lines = []
+    for name, label in (
+        ("otlp", "every delivery sampled"),
+        ("otlp_sampled", "one in ten sampled"),
+        ("otlp_unsampled", "none sampled (metrics)"),
+    ):
+        rate, cpu = section["rate_vs_no_sdk"][name], section["cpu_vs_no_sdk"][name]
+        lines.append(
+            f"| OTLP exporter on, {label}: msg/s ÷ no SDK's; CPU per message ÷ no SDK's | "
+            f"{rate['median']:g} ({rate['low']:g} to {rate['high']:g}); "
+            f"{cpu['median']:g} ({cpu['low']:g} to {cpu['high']:g}) | |"
+        )
+    return lines
 
 
 def _endpoint_lines(doc: dict[str, Any]) -> list[str]:
