@@ -21,7 +21,8 @@ check: $(VENV)/.dev-deps
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-# The benchmark against its peers (a few minutes; results into docs/benchmarks/). BENCH_ARGS adds options.
+# The benchmark against its peers (every section: most of an hour on 2 cores, not timed whole;
+# results into docs/benchmarks/). BENCH_ARGS adds options.
 bench: $(VENV)/.bench-deps $(AZURITE)
 	$(BIN)/python -m bench --output-json docs/benchmarks/results.json \
 		--plot docs/benchmarks/results.png $(BENCH_ARGS)
