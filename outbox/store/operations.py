@@ -176,7 +176,11 @@ class PurgeReport:
     partitions: dict[str, Any] | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The plain layout's report as it always was; the partitioned one's adds its own."""
+        report = asdict(self)
+        if self.partitions is None:
+            del report["layout"], report["partitions"]
+        return report
 
 
 async def purge(
