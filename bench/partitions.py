@@ -197,7 +197,8 @@ class Load:
 
     async def lease_once(self, timed: bool = True) -> int:
         began = time.monotonic()
-        lease = await store.lease_batch(self.leaser, LEASE_BATCH, 30.0)
+        # As the relay asks (its batch size as the usual size): the statement it plans once.
+        lease = await store.lease_batch(self.leaser, LEASE_BATCH, 30.0, usual_size=LEASE_BATCH)
         if timed:
             self.leases.append((began, time.monotonic() - began))
         if lease.messages:
@@ -382,6 +383,7 @@ async def retention_run(
         "commit_before": latency(load.commits, quiet_start, window[0]),
         "commit_during": latency(load.commits, *window),
     }
+    log(f"retention {layout}: {json.dumps(result, default=str)}")
     log(
         f"retention {layout}: purge {result['purge_seconds']:.2f} s, WAL "
         f"{result['purge_wal_bytes']:,} B, lease p99 before/during "
@@ -662,10 +664,16 @@ async def dead_tuples(conn: Any) -> int:
 
 
 async def due_index_bytes(conn: Any) -> int:
+    """The size of the lease's indexes, every partition's counted."""
     return int(
         await conn.fetchval(
-            "SELECT coalesce(sum(pg_relation_size(c.oid)), 0)::bigint FROM pg_class AS c "
-            "WHERE c.relkind = 'i' AND c.relname LIKE '%due%' AND c.relname LIKE 'outbox\\_%'"
+            "SELECT coalesce(sum(pg_relation_size(t.relid)), 0)::bigint "
+            "FROM unnest($1::text[]) AS n, LATERAL ("
+            "  SELECT relid FROM pg_partition_tree(n::regclass) WHERE isleaf"
+            "  UNION ALL SELECT c.oid FROM pg_class AS c WHERE c.oid = n::regclass "
+            "  AND c.relkind = 'i'"
+            ") AS t",
+            ["outbox_messages_due_idx", "outbox_messages_due_unkeyed_idx"],
         )
     )
 
