@@ -34,6 +34,9 @@ Figures, each repeated and reported as a median:
 - fanout: the database's cost per delivery with two endpoints per event type against one;
 - instructions: instructions per message of the raw client, the floor and the relay (valgrind),
   which do not move with the machine's load as CPU seconds do;
+- partitions: the partitioned layout against the plain table (bench/partitions.py): retention
+  by DROP against DELETE over three simulated days, the hot path's cost, and the lease with a
+  transaction held open during a steady stream;
 - console: the first page of each of the console's filters and its overview over 10M messages,
   and the WAL per message with and without the index its unfiltered list reads.
 
@@ -60,6 +63,7 @@ from bench import (
     isolation,
     latency,
     memory,
+    partitions,
     payloads,
     report,
     scale,
@@ -87,6 +91,7 @@ PHASES = (
     "fanout",
     "instructions",
     "console",
+    "partitions",
 )
 # Rows per lease (the relay's default), and per pgqueuer dequeue.
 BATCH_SIZE = 100
@@ -142,6 +147,7 @@ SMOKE = {
     "console_repeats": 3,
     "console_wal_messages": 500,
     "console_wal_runs": 1,
+    **partitions.SMOKE,
 }
 
 
@@ -213,6 +219,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--instructions-small", type=int, default=1_000, help="the smaller drain under valgrind")
     add("--instructions-large", type=int, default=5_000, help="the larger drain under valgrind")
     console.add_arguments(parser)
+    partitions.add_arguments(parser)
     add("--skip", default="", help=f"comma-separated phases to skip: {', '.join(PHASES)}")
     add("--output-json", type=Path, help="write the results here")
     add("--plot", type=Path, help="write the PNG plot here")
@@ -380,6 +387,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 wal_runs=args.console_wal_runs,
                 concurrency=args.concurrency,
             )
+        if "partitions" not in skip:
+            results["partitions"] = await partitions.measure(receiver, args)
     if "scale" not in skip:
         results["scale"] = await scale.measure(
             small=args.scale_small,
@@ -429,7 +438,7 @@ def main(argv: list[str] | None = None) -> None:
         # Tiny sizes on a shared machine: the figures mean nothing, so no target is judged.
         log("smoke run passed: every contender delivered every message")
     else:
-        print(report.table(doc))
+        print("\n".join([report.table(doc), *partitions.table_lines(doc)]))
 
 
 if __name__ == "__main__":
