@@ -64,6 +64,9 @@ AHEAD = {"daily": 3, "hourly": 48}
 # The live rows a partition past retention may hold and still be dropped: they are moved to the
 # default partition in the transaction that drops it (under its lock, so few).
 CARRY_LIMIT = 10_000
+# How long a partition's drop waits for its lock on the parent before it gives way and tries again:
+# every producer and relay that comes meanwhile waits behind it (docs/partitioning.md).
+DROP_LOCK_TIMEOUT_SECONDS = 0.05
 # Caller-given ids, and rows moved back to a plain table, per transaction.
 BATCH_SIZE = 10_000
 # The attempt history of messages still kept that an attempts partition may hold and be dropped.
@@ -583,7 +586,7 @@ async def maintain(
 
         async def drop(conn: store.Connection, name: str = part.name) -> int:
             async with conn.transaction():
-                await _lock_timeout(conn)
+                await _lock_timeout(conn, DROP_LOCK_TIMEOUT_SECONDS)
                 await _execute(conn, f"ALTER TABLE outbox_messages DETACH PARTITION {name}")
                 carried = await _execute_count(
                     conn,
@@ -654,7 +657,7 @@ async def _drop_attempts(
 
         async def drop(conn: store.Connection, name: str = part.name, ids: Any = kept_ids) -> int:
             async with conn.transaction():
-                await _lock_timeout(conn)
+                await _lock_timeout(conn, DROP_LOCK_TIMEOUT_SECONDS)
                 await _execute(conn, f"ALTER TABLE outbox_attempts DETACH PARTITION {name}")
                 carried = await _execute_count(
                     conn,
@@ -954,8 +957,10 @@ async def _exists(conn: store.Connection, name: str) -> bool:
     return bool(await _fetchval(conn, "SELECT to_regclass($1) IS NOT NULL", name))
 
 
-async def _lock_timeout(conn: store.Connection) -> None:
-    milliseconds = int(migrations.LOCK_TIMEOUT_SECONDS * 1000)
+async def _lock_timeout(
+    conn: store.Connection, seconds: float = migrations.LOCK_TIMEOUT_SECONDS
+) -> None:
+    milliseconds = int(seconds * 1000)
     await _execute(conn, f"SET LOCAL lock_timeout = '{milliseconds}ms'")
 
 
