@@ -81,6 +81,24 @@ async def test_enqueue_against_an_older_schema_says_to_run_migrate(
 
 
 @pytest.mark.parametrize("kind", ALL)
+async def test_a_given_id_against_a_schema_before_0019_says_to_run_migrate(
+    kind: str, connect: Connect, orders: Any
+) -> None:
+    # A caller-given id is inserted by outbox_insert_message, which migration 0019 adds.
+    await orders.execute("DROP FUNCTION outbox_insert_message")
+    caller = await connect(kind)
+    with pytest.raises(OutdatedSchemaError) as raised:
+        async with caller.begin():
+            await caller.execute("INSERT INTO orders VALUES (1, 'completed')")
+            await caller.enqueue("OrderCompleted", {"orderId": 1}, message_id=uuid.uuid4())
+    assert str(raised.value).startswith(
+        "the outbox schema is older than this package: run `python -m outbox migrate`"
+    )
+    assert "outbox_insert_message" in str(raised.value)
+    assert await counts(orders) == (0, 0)
+
+
+@pytest.mark.parametrize("kind", ALL)
 async def test_a_rollback_takes_the_event_with_the_business_row(
     kind: str, connect: Connect, orders: Any
 ) -> None:
