@@ -515,9 +515,20 @@ def _otlp(env: Mapping[str, str], readers: list[Any]) -> str | None:
         )
         return None
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", SCOPE)})
-    tracer_provider = TracerProvider(resource=resource)
-    tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    trace.set_tracer_provider(tracer_provider)
-    reader = PeriodicExportingMetricReader(OTLPMetricExporter())
-    metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=[reader, *readers]))
+    # OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER = none: that signal is not set up at all, so
+    # the relay makes no calls for it (metrics alone cost much of the SDK's CPU:
+    # docs/telemetry.md, "What it costs").
+    if _exporter(env, "OTEL_TRACES_EXPORTER"):
+        tracer_provider = TracerProvider(resource=resource)
+        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+        trace.set_tracer_provider(tracer_provider)
+    if _exporter(env, "OTEL_METRICS_EXPORTER"):
+        readers = [PeriodicExportingMetricReader(OTLPMetricExporter()), *readers]
+    if readers:
+        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
     return "otlp"
+
+
+def _exporter(env: Mapping[str, str], name: str) -> bool:
+    """Whether the standard variable ``name`` leaves that signal's OTLP exporter on."""
+    return env.get(name, "otlp").strip().lower() != "none"

@@ -124,6 +124,30 @@ async def test_otlp_export_carries_the_producers_trace_across_processes(
     assert {"outbox.deliveries", "outbox.delivery.duration", "outbox.delivery.lag"} <= names
 
 
+async def test_otlp_metrics_switched_off_export_the_trace_alone(
+    db: Any, database_url: str, receiver: Receiver, collector: Collector
+) -> None:
+    trace_id, _ = await produce(db)
+    env = relay_env(
+        database_url,
+        receiver,
+        OTEL_EXPORTER_OTLP_ENDPOINT=f"http://127.0.0.1:{collector.port}",
+        OTEL_METRICS_EXPORTER="none",
+    )
+    result = await run_cli("drain", env=env)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["processed"] == 1
+    assert "/v1/metrics" not in collector.posts
+    spans = [
+        s
+        for body in collector.posts["/v1/traces"]
+        for resource in ExportTraceServiceRequest.FromString(body).resource_spans
+        for scope in resource.scope_spans
+        for s in scope.spans
+    ]
+    assert [s.trace_id.hex() for s in spans if s.name == "deliver OrderCompleted"] == [trace_id]
+
+
 async def test_azure_monitor_switch_sends_the_delivery_to_application_insights(
     db: Any, database_url: str, receiver: Receiver, collector: Collector
 ) -> None:
