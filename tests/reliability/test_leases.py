@@ -176,8 +176,9 @@ async def test_many_runs_at_once_in_one_process_do_not_lease_and_give_back_in_ci
     assert await statuses(db) == {"Processed": messages}
     released = sum(s.released for s in summaries)
     leased = sum(s.leased for s in summaries)
-    # Given back only what a run's budget caught waiting, not its whole lease over and over.
-    assert released <= messages // 2, (released, leased)
+    # Given back only what a run's budget caught waiting, not its whole lease over and over
+    # (before runs leased only what the slots could start in time: about three per delivery).
+    assert released <= messages, (released, leased)
     assert leased == messages + released
 
 
