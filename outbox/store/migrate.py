@@ -21,20 +21,22 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import itertools
 import logging
 import re
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from importlib import resources
 from importlib.resources.abc import Traversable
 from pathlib import Path
+from typing import TypeVar
 
 from outbox.core.errors import DatabaseError, MigrationError
 from outbox.core.text import escape_controls
 from outbox.store import postgres as store
 
 logger = logging.getLogger("outbox.migrate")
+T = TypeVar("T")
 
 
 def migrations_dir(subfolder: str | None = None) -> Traversable:
@@ -183,42 +185,61 @@ async def _apply_one(
 ) -> None:
     """Apply ``migration``, trying again while its locks are held by others."""
     index = None if migration.transactional else migration.concurrent_index()
+
+    async def apply(conn: store.Connection) -> None:
+        if migration.transactional:
+            await store.apply_migration(
+                conn, migration.name, migration.sql, migration.checksum, bookkeeping
+            )
+        else:
+            await store.apply_migration_alone(
+                conn, migration.name, migration.sql, migration.checksum, bookkeeping, index
+            )
+
+    await retrying(conn, f"migration {migration.name}", max_lock_wait, apply)
+
+
+async def retrying(
+    conn: store.Connection,
+    what: str,
+    max_lock_wait: float,
+    step: Callable[[store.Connection], Awaitable[T]],
+) -> T:
+    """Run ``step`` (one transaction, under the lock timeout) until its locks are granted, waiting
+    between tries for the sessions that hold them; ``what`` names it in the warnings and in the
+    MigrationError raised once ``max_lock_wait`` seconds have gone by. The lock rule of every
+    schema change, numbered migrations and layout changes alike."""
     started = time.monotonic()
-    for tries in itertools.count():
+    tries = 0
+    while True:
         try:
-            if migration.transactional:
-                await store.apply_migration(
-                    conn, migration.name, migration.sql, migration.checksum, bookkeeping
-                )
-            else:
-                await store.apply_migration_alone(
-                    conn, migration.name, migration.sql, migration.checksum, bookkeeping, index
-                )
-            return
+            return await step(conn)
         except DatabaseError as exc:
             if exc.kind != "LockNotAvailableError":
                 raise
-        await _wait_for_lock(conn, migration.name, started, max_lock_wait, tries)
+        await _wait_for_lock(conn, what, started, max_lock_wait, tries)
+        tries += 1
 
 
 async def _wait_for_lock(
-    conn: store.Connection, name: str, started: float, max_lock_wait: float, tries: int
+    conn: store.Connection, what: str, started: float, max_lock_wait: float, tries: int
 ) -> None:
-    """Say what migration ``name`` waits for, then wait until those sessions have finished or a
-    backoff has passed; MigrationError once ``max_lock_wait`` seconds have gone by."""
+    """Say what ``what`` (``migration 0005_…``, a step of a layout change) waits for, then wait
+    until those sessions have finished or a backoff has passed; MigrationError once
+    ``max_lock_wait`` seconds have gone by."""
     holders = await store.lock_holders(conn)
     waited = time.monotonic() - started
     if waited >= max_lock_wait:
         raise MigrationError(
-            f"migration {name} could not take its locks in {max_lock_wait:g} s "
+            f"{what} could not take its locks in {max_lock_wait:g} s "
             f"(held by {_describe(holders)}); nothing of it was applied. Run migrate again once "
             "they have finished, or with a longer --max-lock-wait"
         )
     pause = min(_BACKOFF_SECONDS[min(tries, len(_BACKOFF_SECONDS) - 1)], max_lock_wait - waited)
     logger.warning(
-        "migration %s waits for a lock held by %s; trying again within %.1f s "
+        "%s waits for a lock held by %s; trying again within %.1f s "
         "(waited %.0f s of at most %g s)",
-        name,
+        what,
         _describe(holders),
         pause,
         waited,

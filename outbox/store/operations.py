@@ -89,8 +89,10 @@ async def backlog_status(
             "the database's: signatures carry the database's time, but check the host's time "
             "synchronisation (NTP)"
         )
-    async with store.acquired(conn) as connection:
-        layout = await partitions.describe(connection)
+    layout: dict[str, Any] = {"layout": "plain"}
+    if row["partitioned"]:
+        async with store.acquired(conn) as connection:
+            layout = await partitions.describe(connection)
     problems.extend(partitions.layout_problems(layout))
     counts = {str(s): row[str(s).lower()] for s in Status}
     estimated = []

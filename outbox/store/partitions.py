@@ -35,19 +35,16 @@ conversion are not leased. It is resumable: run it again after any failure.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import re
-import time
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
 
-from outbox.core.errors import DatabaseError, MigrationError
+from outbox.core.errors import MigrationError
 from outbox.store import migrate as migrations
 from outbox.store import postgres as store
 
@@ -220,7 +217,9 @@ async def _convert(conn: store.Connection, interval: str, max_lock_wait: float) 
     converted = False
     if not await is_partitioned(conn):
         await _prepare(conn, interval)
-        await _retrying(conn, "the switch to the partitioned layout", max_lock_wait, _switch)
+        await migrations.retrying(
+            conn, "the switch to the partitioned layout", max_lock_wait, _switch
+        )
         converted = True
     else:
         current = await interval_of(conn)
@@ -307,13 +306,13 @@ async def _prepare(conn: store.Connection, interval: str) -> None:
         await _execute(conn, trigger.format(table="outbox_messages_next"))
     # The plain tables' keys as the parents' keys (the partition key in them), built without
     # blocking; and the ordering check of migration 0002 validated (a partition's checks must be).
-    await _concurrently(
+    await store.build_index_concurrently(
         conn,
         "outbox_messages_legacy_key",
         "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS outbox_messages_legacy_key "
         "ON outbox_messages (outbox_message_id, created_at)",
     )
-    await _concurrently(
+    await store.build_index_concurrently(
         conn,
         "outbox_attempts_legacy_key",
         "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS outbox_attempts_legacy_key "
@@ -415,7 +414,7 @@ async def _finish_legacy(conn: store.Connection, max_lock_wait: float) -> bool:
                     f"FOR VALUES FROM (MINVALUE) TO ('{bound.isoformat()}')",
                 )
 
-        await _retrying(conn, f"attaching {legacy}", max_lock_wait, attach)
+        await migrations.retrying(conn, f"attaching {legacy}", max_lock_wait, attach)
         did = True
     if bound is not None and not await _fetchval(
         conn, "SELECT ids_copied FROM outbox_partitioning"
@@ -480,7 +479,7 @@ async def ensure_partitions(
         while moment < end:
             for lower, upper in _uncovered(moment, moment + step, existing):
                 name = _partition_name(table, lower, step)
-                await _retrying(
+                await migrations.retrying(
                     conn,
                     f"making partition {name}",
                     max_lock_wait,
@@ -597,7 +596,7 @@ async def maintain(
                 await _execute(conn, f"DROP TABLE {name}")
                 return carried
 
-        report.rows_carried += await _retrying(
+        report.rows_carried += await migrations.retrying(
             conn, f"dropping partition {part.name}", max_lock_wait, drop
         )
         report.dropped.append(part.name)
@@ -668,7 +667,7 @@ async def _drop_attempts(
                 await _execute(conn, f"DROP TABLE {name}")
                 return carried
 
-        await _retrying(conn, f"dropping partition {part.name}", max_lock_wait, drop)
+        await migrations.retrying(conn, f"dropping partition {part.name}", max_lock_wait, drop)
         report.dropped.append(part.name)
 
 
@@ -723,7 +722,9 @@ async def _convert_back(
     switched = False
     if await is_partitioned(conn):
         await _prepare_plain(conn)
-        await _retrying(conn, "the switch to the plain tables", max_lock_wait, _switch_back)
+        await migrations.retrying(
+            conn, "the switch to the plain tables", max_lock_wait, _switch_back
+        )
         switched = True
     moved = {"messages": 0, "attempts": 0}
     if await _exists(conn, "outbox_messages_partitioned_old"):
@@ -962,31 +963,6 @@ async def _lock_timeout(
 ) -> None:
     milliseconds = int(seconds * 1000)
     await _execute(conn, f"SET LOCAL lock_timeout = '{milliseconds}ms'")
-
-
-async def _retrying(
-    conn: store.Connection,
-    what: str,
-    max_lock_wait: float,
-    step: Callable[[store.Connection], Awaitable[Any]],
-) -> Any:
-    """Run ``step`` (one transaction, under the lock timeout) until its locks are granted: the
-    lock rule of the migrations (outbox/store/migrate.py)."""
-    started = time.monotonic()
-    for tries in itertools.count():
-        try:
-            return await step(conn)
-        except DatabaseError as exc:
-            if exc.kind != "LockNotAvailableError":
-                raise
-        await migrations._wait_for_lock(conn, what, started, max_lock_wait, tries)
-
-
-async def _concurrently(conn: store.Connection, index: str, statement: str) -> None:
-    invalid = await _fetchval(conn, store.QUERIES["invalid_index"], index)
-    if invalid is not None:
-        await _execute(conn, f"DROP INDEX CONCURRENTLY IF EXISTS {invalid}")
-    await _execute(conn, statement)
 
 
 @store.database_boundary

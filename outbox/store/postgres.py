@@ -761,14 +761,24 @@ async def apply_migration_alone(
     first. Run again after a failure between the statement and its record, the statement finds
     its work done."""
     if index is not None:
-        invalid = await conn.fetchval(QUERIES["invalid_index"], index)
-        if invalid is not None:
-            await conn.execute(
-                f"DROP INDEX CONCURRENTLY IF EXISTS {invalid}",
-                timeout=MIGRATION_STATEMENT_TIMEOUT_SECONDS,
-            )
-    await conn.execute(sql, timeout=MIGRATION_STATEMENT_TIMEOUT_SECONDS)
+        await build_index_concurrently(conn, index, sql)
+    else:
+        await conn.execute(sql, timeout=MIGRATION_STATEMENT_TIMEOUT_SECONDS)
     await conn.execute(QUERIES[bookkeeping.record], name, checksum)
+
+
+@database_boundary
+async def build_index_concurrently(conn: Connection, index: str, statement: str) -> None:
+    """Run ``statement`` (``CREATE INDEX CONCURRENTLY IF NOT EXISTS index``), dropping first an
+    INVALID ``index`` left by a build that failed or whose process died, which ``IF NOT EXISTS``
+    would take for done."""
+    invalid = await conn.fetchval(QUERIES["invalid_index"], index)
+    if invalid is not None:
+        await conn.execute(
+            f"DROP INDEX CONCURRENTLY IF EXISTS {invalid}",
+            timeout=MIGRATION_STATEMENT_TIMEOUT_SECONDS,
+        )
+    await conn.execute(statement, timeout=MIGRATION_STATEMENT_TIMEOUT_SECONDS)
 
 
 @database_boundary

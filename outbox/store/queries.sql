@@ -695,6 +695,9 @@ SELECT
     (SELECT count(*)
        FROM outbox_messages
       WHERE next_attempt_at = 'infinity' AND ordering_key IS NOT NULL) AS held_back,
+    -- The layout: only the partitioned one is described further (partitions.describe).
+    COALESCE((SELECT relkind = 'p' FROM pg_class
+               WHERE oid = to_regclass('outbox_messages')), false) AS partitioned,
     extract(epoch FROM clock_timestamp())::float8 AS database_now;
 
 -- requeue_failed --
