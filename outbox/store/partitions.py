@@ -63,7 +63,7 @@ AHEAD = {"daily": 3, "hourly": 48}
 CARRY_LIMIT = 10_000
 # How long a partition's drop waits for its lock on the parent before it gives way and tries again:
 # every producer and relay that comes meanwhile waits behind it (docs/partitioning.md).
-DROP_LOCK_TIMEOUT_SECONDS = 0.05
+DROP_LOCK_TIMEOUT_SECONDS = 0.02
 # Caller-given ids, and rows moved back to a plain table, per transaction.
 BATCH_SIZE = 10_000
 # The attempt history of messages still kept that an attempts partition may hold and be dropped.
@@ -672,7 +672,10 @@ async def _drop_attempts(
 
 
 async def _release_ids(conn: store.Connection, batch_size: int) -> int:
-    """Caller-given ids whose message is gone, older than every partition still there."""
+    """Caller-given ids whose message is gone, older than every partition still there. A claim
+    holds its message's ``created_at`` (the same transaction's ``now()``, or the message's own
+    at the conversion), so the probe for its message reads only where such a message can be:
+    below the oldest partition, the default partition (pruned at planning, whatever the join)."""
     ranged = [p for p in await partitions_of(conn, MESSAGES) if p.upper is not None]
     if not ranged:
         return 0
@@ -687,7 +690,9 @@ async def _release_ids(conn: store.Connection, batch_size: int) -> int:
                 SELECT i.outbox_message_id FROM outbox_message_ids AS i
                 WHERE i.created_at < $1
                   AND NOT EXISTS (SELECT 1 FROM outbox_messages AS m
-                                  WHERE m.outbox_message_id = i.outbox_message_id)
+                                  WHERE m.outbox_message_id = i.outbox_message_id
+                                    AND m.created_at = i.created_at
+                                    AND m.created_at < $1)
                 LIMIT $2)
             """,
             horizon,

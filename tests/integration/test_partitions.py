@@ -201,6 +201,13 @@ async def test_retention_drops_old_partitions_and_keeps_every_live_row(
             message_id,
             old,
         )
+    # Two of them with ids their producers gave, claimed as the producer's insert claims them.
+    for message_id in (done[0], waiting):
+        await db.execute(
+            "INSERT INTO outbox_message_ids (outbox_message_id, created_at) VALUES ($1, $2)",
+            message_id,
+            old,
+        )
     recent = await seed(db, 3)
     before = await partition_names(db)
     oldest = partitions._partition_name("outbox_messages", first, timedelta(days=1))
@@ -212,6 +219,10 @@ async def test_retention_drops_old_partitions_and_keeps_every_live_row(
     assert oldest in dropped
     assert partitions._partition_name("outbox_attempts", first, timedelta(days=1)) in dropped
     assert report.partitions["rows_carried"] == 3  # late_done, waiting, failed
+    # The claim of the id whose message is gone is released; the carried one's is kept.
+    assert report.partitions["ids_released"] == 1
+    claimed = await db.fetch("SELECT outbox_message_id FROM outbox_message_ids")
+    assert [r["outbox_message_id"] for r in claimed] == [waiting]
     after = await partition_names(db)
     assert oldest not in after
     remaining = {
