@@ -35,13 +35,13 @@ class Dispatch:
     def __init__(
         self,
         has_room: Callable[[Key], bool],
-        waiting: dict[Key, int],
+        slots: EndpointSlots,
         will_not_start: Callable[[Delivery], bool],
     ) -> None:
         self._has_room = has_room
         # Whether a delivery will not be sent now: taken whatever the room, to be given back.
         self._will_not_start = will_not_start
-        self._waiting = waiting  # per endpoint, in every run's dispatch (``EndpointSlots``)
+        self._slots = slots  # counts what waits per endpoint, in every run's dispatch
         self._queues: dict[Key, deque[Delivery]] = {}
         self._turn: deque[Key] = deque()  # endpoints with deliveries waiting, in turn
         self._idle: deque[asyncio.Future[None]] = deque()  # loops waiting for a delivery
@@ -55,7 +55,7 @@ class Dispatch:
         if not queue:
             self._turn.append(key)
         queue.append(delivery)
-        self._waiting[key] = self._waiting.get(key, 0) + 1
+        self._slots.queued(key, 1)
         return self._signal(1) == 0
 
     def wake(self, count: int = 1) -> None:
@@ -99,7 +99,7 @@ class Dispatch:
     def _pop(self, key: Key) -> Delivery:
         queue = self._queues[key]
         delivery = queue.popleft()
-        self._waiting[key] -= 1
+        self._slots.dequeued(key, 1)
         if not queue:
             self._turn.remove(key)
         return delivery
@@ -107,8 +107,9 @@ class Dispatch:
     def clear(self) -> None:
         """The run is over: what still waits here is not counted as waiting any more."""
         for key, queue in self._queues.items():
-            self._waiting[key] -= len(queue)
-            queue.clear()
+            if queue:
+                self._slots.dequeued(key, len(queue))
+                queue.clear()
         self._turn.clear()
         for waiter in self._idle:
             waiter.cancel()
@@ -125,7 +126,10 @@ class EndpointSlots:
     until a lease comes back short without one for it (it is then quiet until a lease comes back
     full: more may be due than it read). So an endpoint goes
     beyond its share only once the others are known to have nothing due; a dead endpoint's first
-    batch takes half the slots beside one other endpoint, not all of them."""
+    batch takes half the slots beside one other endpoint, not all of them. The endpoints
+    contending are counted as they start and stop (``_contending``), not at each check: with
+    1,000 endpoints counting them took a fifth of the relay's time (docs/performance.md, "Many
+    endpoints")."""
 
     def __init__(self, slots: int, caps: dict[Key, int | None]) -> None:
         self._slots = slots
@@ -136,6 +140,8 @@ class EndpointSlots:
         self._in_flight: dict[Key, int] = {}
         self.waiting: dict[Key, int] = {}  # deliveries queued in every run's dispatch
         self._quiet: set[Key] = set()  # the last short lease found nothing due for them
+        # Endpoints with deliveries waiting or not quiet: all of them until a lease says.
+        self._contending = len(caps)
         self.listeners: set[Dispatch] = set()
 
     def has_room(self, key: Key) -> bool:
@@ -146,12 +152,25 @@ class EndpointSlots:
         return in_flight < self._least or in_flight < self._share(key)
 
     def _share(self, key: Key) -> int:
-        others = sum(
-            1
-            for other in self._caps
-            if other != key and (self.waiting.get(other) or other not in self._quiet)
-        )
+        others = self._contending - (1 if self._contends(key) else 0)
         return math.ceil(self._slots / (others + 1))
+
+    def _contends(self, key: Key) -> bool:
+        return key in self._caps and (bool(self.waiting.get(key)) or key not in self._quiet)
+
+    def queued(self, key: Key, count: int) -> None:
+        """``count`` deliveries to ``key`` wait in a run's dispatch."""
+        before = self.waiting.get(key, 0)
+        self.waiting[key] = before + count
+        if not before and key in self._quiet and key in self._caps:
+            self._contending += 1
+
+    def dequeued(self, key: Key, count: int) -> None:
+        """``count`` deliveries to ``key`` wait no more (taken, or their run is over)."""
+        left = self.waiting[key] - count
+        self.waiting[key] = left
+        if not left and key in self._quiet and key in self._caps:
+            self._contending -= 1
 
     def blocked(self) -> set[Key]:
         """The endpoints whose deliveries wait here and cannot start now (at share, at cap)."""
@@ -168,17 +187,25 @@ class EndpointSlots:
     def leased(self, keys: set[Key], looked_at: set[Key] | None) -> None:
         """A lease that came back short found nothing more due for the endpoints it
         ``looked_at`` (None: every endpoint) but ``keys``: they are quiet."""
-        self._quiet.update((self._caps.keys() if looked_at is None else looked_at) - keys)
+        for key in (self._caps.keys() if looked_at is None else looked_at) - keys:
+            if key not in self._quiet:
+                self._quiet.add(key)
+                if key in self._caps and not self.waiting.get(key):
+                    self._contending -= 1
         for dispatch in self.listeners:  # the others' shares may have grown
             dispatch.wake(self._slots)
 
     def found(self, key: Key) -> None:
         """A lease found a message for ``key``."""
-        self._quiet.discard(key)
+        if key in self._quiet:
+            self._quiet.discard(key)
+            if key in self._caps and not self.waiting.get(key):
+                self._contending += 1
 
     def unsure(self) -> None:
         """A lease came back full without reading past anything: any endpoint may have more due
         (the run's next lease reads past those at their share, if any is)."""
+        self._contending = len(self._caps)
         self._quiet.clear()
 
     def take(self, key: Key) -> None:

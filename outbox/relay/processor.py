@@ -155,7 +155,7 @@ class OutboxProcessor:
         run = Run(summary, started + budget, stop_rule(until_caught_up=until_caught_up))
         batches: set[asyncio.Task[None]] = set()
         delivery = self._delivery
-        work = Dispatch(delivery.has_room, self._endpoint_slots.waiting, delivery.will_not_start)
+        work = Dispatch(delivery.has_room, self._endpoint_slots, delivery.will_not_start)
         self._endpoint_slots.listeners.add(work)
         # Started as deliveries find no idle loop: a run of one message makes one loop.
         loops: list[asyncio.Task[None]] = []
