@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import resource
 import signal
 import sys
@@ -33,7 +34,7 @@ from outbox.core.settings import decode_secret
 from outbox.core.signing import Signer
 from outbox.core.telemetry import Telemetry
 from outbox.hosting.cli import run_on_loop
-from outbox.relay.runtime import Relay
+from outbox.relay.runtime import Relay, tune_garbage_collector
 from outbox.store import postgres
 from outbox.transport.publisher import Publisher, build_body, build_headers, make_session
 
@@ -148,6 +149,10 @@ async def run_relay(args: argparse.Namespace, telemetry: Telemetry | None = None
     leased_at: list[float] = []
     if args.lease_times:
         time_leases(leases, leased_at)
+    # As the Functions worker and ``outbox serve`` do for their process's relay; the
+    # interpreter's own thresholds with OUTBOX_BENCH_DEFAULT_GC=1 (to compare the two).
+    if not os.environ.get("OUTBOX_BENCH_DEFAULT_GC"):
+        tune_garbage_collector()
     async with await Relay.open(settings, telemetry=telemetry) as relay:
         started = time.monotonic()
         summary = await relay.processor.execute()

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import Callable
 
 from outbox.core.settings import Settings
-from outbox.relay.runtime import Relay
+from outbox.relay.runtime import Relay, tune_garbage_collector
 
 
 class FunctionsHost:
@@ -43,6 +43,7 @@ class FunctionsHost:
                 # Only in tests: a new event loop cannot use clients bound to the old one.
                 self._relay = None
             if self._relay is None:
+                tune_garbage_collector()  # the worker process hosts the relay
                 self._relay = await Relay.open(self.settings)
             return self._relay
 

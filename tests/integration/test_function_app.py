@@ -4,6 +4,7 @@ against a real PostgreSQL, a real HTTP receiver and (end to end) a real Azurite 
 from __future__ import annotations
 
 import base64
+import gc
 import json
 import logging
 import os
@@ -260,9 +261,18 @@ async def test_clients_are_created_once_per_process_and_reused(
     db: Any, receiver: Receiver, app_env: None
 ) -> None:
     from outbox.azure.host import functions_host
+    from outbox.relay.runtime import YOUNG_COLLECTION_THRESHOLD
 
     await seed(db)
-    await relay_functions.outbox_timer(TimerRequest())
+    kept = gc.get_threshold()
+    await functions_host.close()
+    gc.set_threshold(700, *kept[1:])  # the interpreter's default
+    try:
+        await relay_functions.outbox_timer(TimerRequest())
+        # The worker process hosts the relay: its collector is set for it (runtime.py).
+        assert gc.get_threshold()[0] == YOUNG_COLLECTION_THRESHOLD
+    finally:
+        gc.set_threshold(*kept)
     first = await functions_host.relay()
     await relay_functions.outbox_drain(drain_request())
     await relay_functions.outbox_queue(QueueMessage(id="x", body=b"{}", dequeue_count=1))
