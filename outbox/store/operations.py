@@ -208,13 +208,15 @@ async def purge(
                 batch_size=batch_size,
             )
             return PurgeReport(layout="partitioned", partitions=done.as_dict())
-    report = PurgeReport()
-    report.processed_deleted = await _purge(conn, "Processed", retention_days, batch_size, report)
-    if failed_retention_days is not None:
-        report.failed_deleted = await _purge(
-            conn, "Failed", failed_retention_days, batch_size, report
+        report = PurgeReport()
+        report.processed_deleted = await _purge(
+            connection, "Processed", retention_days, batch_size, report
         )
-    return report
+        if failed_retention_days is not None:
+            report.failed_deleted = await _purge(
+                connection, "Failed", failed_retention_days, batch_size, report
+            )
+        return report
 
 
 async def _purge(
