@@ -3,10 +3,10 @@
 Each round drains the same backlog three times, in an order drawn at random per round: to the
 instant receiver, to one that answers every request after 100 ms (``/slow/100``), and to one
 whose answer times are lognormal around a 100 ms median (``/lognormal/100``). The relay runs
-with its default ``OUTBOX_CONCURRENCY`` and batch size, as a process of its own
-(``bench.worker relay``, ``Relay.open`` then ``execute()``). Judged per round: the slow
-receivers' rate ÷ the instant receiver's rate in the same round; reported as the median of the
-per-round ratios with their spread, beside the rates and each run's peak RSS.
+with its default ``OUTBOX_CONCURRENCY`` (or ``--slow-concurrency``) and batch size, as a
+process of its own (``bench.worker relay``, ``Relay.open`` then ``execute()``). Judged per
+round: the slow receivers' rate ÷ the instant receiver's rate in the same round; reported as the
+median of the per-round ratios with their spread, beside the rates and each run's peak RSS.
 """
 
 from __future__ import annotations
@@ -42,9 +42,15 @@ def default_concurrency() -> int:
 
 
 async def measure(
-    receiver: ReceiverProcess, *, messages: int, runs: int, seed: int | None = None
+    receiver: ReceiverProcess,
+    *,
+    messages: int,
+    runs: int,
+    seed: int | None = None,
+    concurrency: int | None = None,
 ) -> dict[str, Any]:
-    concurrency = default_concurrency()
+    """``concurrency``: the relay's ``OUTBOX_CONCURRENCY`` (None: its default)."""
+    concurrency = concurrency or default_concurrency()
     order = random.Random(seed)
     rounds: list[dict[str, dict[str, float]]] = []
     for round_ in range(1, runs + 1):
