@@ -23,10 +23,11 @@ the median of the rounds' ratios with their spread.
   one relay process to the instant receiver (``bench.dbcost``'s worker): enqueue WAL and time
   per message, drain WAL and PostgreSQL CPU per message, drain rate, the relay's lease times.
 - bloat: a steady stream at ``rate`` messages per second for ``seconds`` seconds, enqueued in
-  one transaction per 50 ms and leased every 20 ms (and recorded) as above, ``VACUUM
-  outbox_messages`` every ``vacuum_every`` seconds (the benchmark's server runs no autovacuum:
-  this stands for it); once without, once with a transaction held open throughout (``BEGIN;
-  SELECT txid_current()`` on a connection of its own), which holds back what vacuum may remove.
+  one transaction per 50 ms and leased every 20 ms (and recorded) as above, ``VACUUM (ANALYZE)``
+  of the table's leaves every ``vacuum_every`` seconds (the benchmark's server runs no
+  autovacuum: this stands for it); once without, once with a transaction held open throughout
+  (``BEGIN; SELECT txid_current()`` on a connection of its own), which holds back what vacuum may
+  remove.
   Lease p50/p99 over the run and over its last quarter; dead tuples left and the due indexes'
   size at the end. Checked: every message enqueued was delivered.
 """
@@ -679,13 +680,57 @@ async def due_index_bytes(conn: Any) -> int:
 
 
 async def vacuum_every(conn: Any, seconds: float, stop: asyncio.Event, took: list[float]) -> None:
+    """What autovacuum would do, every ``seconds``: VACUUM and ANALYZE the message table's
+    leaves (the plain table, or each partition: autovacuum never analyzes a partitioned parent).
+    VACUUM alone left the statistics of the table's first moments, and with them lease plans made
+    for a few rows that sorted hundreds of thousands (docs/performance.md, "Bloat resistance")."""
     while not stop.is_set():
         try:
             await asyncio.wait_for(stop.wait(), seconds)
         except TimeoutError:
             began = time.monotonic()
-            await conn.execute("VACUUM outbox_messages")
+            leaves = await conn.fetch(
+                "SELECT relid::regclass::text AS name"
+                " FROM pg_partition_tree('outbox_messages') WHERE isleaf"
+            )
+            await conn.execute(f"VACUUM (ANALYZE) {', '.join(r['name'] for r in leaves)}")
             took.append(time.monotonic() - began)
+
+
+def bloat_result(
+    layout: str,
+    held: bool,
+    load: Load,
+    rate: float,
+    window: tuple[float, float],
+    left: tuple[int, int],
+    vacuums: list[float],
+) -> dict[str, Any]:
+    """A bloat arm's figures over its stream (``window``), logged as they are taken;
+    ``left``: dead tuples and the due indexes' bytes at its end."""
+    began, ended = window
+    last_quarter = ended - (ended - began) / 4
+    result = {
+        "layout": layout,
+        "held_transaction": held,
+        "messages": load.produced,
+        "delivered_in_stream": load.delivered,
+        "offered_rate": rate,
+        "achieved_rate": round(load.produced / (ended - began), 1),
+        "lease": latency(load.leases, began, ended),
+        "lease_last_quarter": latency(load.leases, last_quarter, ended),
+        "dead_tuples_at_end": left[0],
+        "due_index_bytes_at_end": left[1],
+        "vacuums": len(vacuums),
+        "vacuum_median_seconds": round(median(vacuums), 3) if vacuums else None,
+    }
+    log(
+        f"bloat {layout} held={held}: lease p50/p99 {result['lease']['p50_ms']:g}/"
+        f"{result['lease']['p99_ms']:g} ms (last quarter p99 "
+        f"{result['lease_last_quarter']['p99_ms']:g}), {left[0]:,} dead tuples, "
+        f"{load.delivered:,} of {load.produced:,} delivered in the stream"
+    )
+    return result
 
 
 async def bloat_run(
@@ -714,34 +759,20 @@ async def bloat_run(
             await asyncio.gather(*tasks)
             ended = time.monotonic()
             dead, due = await dead_tuples(conn), await due_index_bytes(conn)
+            # The stream's figures, said before the catch-up below (which can take far longer
+            # than the stream when the held transaction left the lease behind).
+            result = bloat_result(layout, held, load, rate, (began, ended), (dead, due), vacuums)
             if held:
                 await holder.execute("ROLLBACK")
+            caught_up = time.monotonic()
             await load.finish()
+            result["catch_up_seconds"] = round(time.monotonic() - caught_up, 1)
             counts = await outbox_counts(conn)
         finally:
             for c in conns:
                 await c.close()
     if counts != {"Processed": load.produced} or load.delivered != load.produced:
         raise AssertionError(f"bloat {layout}: {counts}, delivered {load.delivered}")
-    last_quarter = ended - (ended - began) / 4
-    result = {
-        "layout": layout,
-        "held_transaction": held,
-        "messages": load.produced,
-        "offered_rate": rate,
-        "achieved_rate": round(load.produced / (ended - began), 1),
-        "lease": latency(load.leases, began, ended),
-        "lease_last_quarter": latency(load.leases, last_quarter, ended),
-        "dead_tuples_at_end": dead,
-        "due_index_bytes_at_end": due,
-        "vacuums": len(vacuums),
-        "vacuum_median_seconds": round(median(vacuums), 3) if vacuums else None,
-    }
-    log(
-        f"bloat {layout} held={held}: lease p50/p99 {result['lease']['p50_ms']:g}/"
-        f"{result['lease']['p99_ms']:g} ms (last quarter p99 "
-        f"{result['lease_last_quarter']['p99_ms']:g}), {dead:,} dead tuples"
-    )
     return result
 
 
