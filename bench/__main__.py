@@ -155,7 +155,8 @@ def add_section_options(parser: argparse.ArgumentParser) -> None:
     """The options of the slow, push-back, payload-size, endpoints and exporter sections."""
     add = parser.add_argument
     # 40,000, not 10,000: at 1,024 slots a drain of 10,000 to the 100 ms receiver lasts two
-    # seconds, a third of them the endpoint's limit growing from 16 (docs/performance.md).
+    # seconds, a quarter of them the endpoint's limit growing from 16 and the last batches' tail
+    # (docs/performance.md).
     add("--slow-messages", type=int, default=40_000, help="messages per slow-receiver run")
     add(
         "--slow-concurrency",
