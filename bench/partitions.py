@@ -99,7 +99,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--retention-runs", type=int, default=1, help="rounds of the retention figure")
     add("--hotpath-messages", type=int, default=20_000, help="per hot-path run")
     add("--hotpath-runs", type=int, default=3)
-    add("--hotpath-past-days", type=int, default=7, help="daily partitions kept behind today")
+    add("--hotpath-past-days", type=int, default=7, help="days of partitions kept behind today")
+    add("--hotpath-interval", choices=("daily", "hourly"), default="daily", help="partition size")
     add("--bloat-rate", type=float, default=1000.0, help="messages per second, bloat figure")
     add("--bloat-seconds", type=float, default=600.0, help="length of each bloat run")
     add("--bloat-vacuum-every", type=float, default=10.0, help="seconds between VACUUMs")
@@ -123,6 +124,7 @@ async def measure(receiver: ReceiverProcess, args: argparse.Namespace) -> dict[s
             messages=args.hotpath_messages,
             runs=args.hotpath_runs,
             past_days=args.hotpath_past_days,
+            interval=args.hotpath_interval,
         )
     if "bloat" in parts:
         results["bloat"] = await measure_bloat(
@@ -138,12 +140,15 @@ async def measure(receiver: ReceiverProcess, args: argparse.Namespace) -> dict[s
 # Shared
 
 
-async def prepare(db: Database, conn: Any, layout: str, past_days: int = 0) -> None:
-    """The schema as migrated, converted to the partitioned layout (daily) where asked, with the
-    partitions of ``past_days`` days behind today (as retention keeps them) made too."""
+async def prepare(
+    db: Database, conn: Any, layout: str, past_days: int = 0, interval: str = "daily"
+) -> None:
+    """The schema as migrated, converted to the partitioned layout (partitions of ``interval``)
+    where asked, with the partitions of ``past_days`` days behind today (as retention keeps
+    them) made too."""
     await db.migrate()
     if layout == "partitioned":
-        await layout_ops.convert(conn, interval="daily")
+        await layout_ops.convert(conn, interval=interval)
         if past_days:
             now = await conn.fetchval("SELECT now()")
             await layout_ops.ensure_partitions(conn, now - timedelta(days=past_days), now)
@@ -544,13 +549,13 @@ async def measure_retention(
 
 
 async def hotpath_run(
-    receiver: ReceiverProcess, layout: str, messages: int, past_days: int
+    receiver: ReceiverProcess, layout: str, messages: int, past_days: int, interval: str
 ) -> dict[str, Any]:
     await receiver.reset()
     async with Database("parthot") as db:
         conn = await db.connect()
         try:
-            await prepare(db, conn, layout, past_days)
+            await prepare(db, conn, layout, past_days, interval)
             partitions = await _partition_count(conn)
             await settle(conn)
             start = await wal_lsn(conn)
@@ -617,13 +622,16 @@ async def _partition_count(conn: Any) -> int:
 
 
 async def measure_hotpath(
-    receiver: ReceiverProcess, *, messages: int, runs: int, past_days: int
+    receiver: ReceiverProcess, *, messages: int, runs: int, past_days: int, interval: str = "daily"
 ) -> dict[str, Any]:
     rounds = []
     for n in range(runs):
         order = LAYOUTS if n % 2 == 0 else LAYOUTS[::-1]
         rounds.append(
-            {layout: await hotpath_run(receiver, layout, messages, past_days) for layout in order}
+            {
+                layout: await hotpath_run(receiver, layout, messages, past_days, interval)
+                for layout in order
+            }
         )
     ratios = {
         name: ratio_summary(per_round(rounds, lambda r, name=name: float(r[name])))
@@ -644,6 +652,7 @@ async def measure_hotpath(
     return {
         "messages": messages,
         "past_days": past_days,
+        "interval": interval,
         "rounds": rounds,
         "ratios": ratios,
         "targets": targets,

@@ -127,7 +127,11 @@ def build_parser() -> argparse.ArgumentParser:
     migrate_cmd.add_argument(
         "--partition-interval",
         choices=tuple(partitions.INTERVALS),
-        help="with --partitioned: one partition per UTC day (daily, the default) or hour",
+        help=(
+            "with --partitioned: one partition per UTC day (daily, the default) or hour "
+            "(hourly: for retentions of hours; with days of retention the relay's database "
+            "CPU per message grows several-fold, docs/partitioning.md)"
+        ),
     )
     drain = commands.add_parser("drain", help="deliver every due message once")
     drain.add_argument(
