@@ -356,56 +356,6 @@ async def test_purge_deletes_only_rows_past_retention_with_their_attempts(
     assert await statuses(db) == {"Processed": 2}
 
 
-async def test_purge_goes_by_the_finish_time_and_reads_on_from_the_last_row_it_deleted(
-    db: Any,
-) -> None:
-    # 25 rows finished 30 days ago, and 15 created as long ago but finished yesterday (retried
-    # for a month): created in the same instant, so that the ids interleave them in the order
-    # the purge reads (created_at, id).
-    await old_rows(db, processed=25)
-    await db.execute(
-        "INSERT INTO outbox_messages "
-        "(outbox_message_id, event_type, payload, status, processed_at, created_at) "
-        "SELECT gen_random_uuid(), 'Late', '{}', 'Processed', now() - interval '1 day', "
-        "now() - interval '31 days' FROM generate_series(1, 15)"
-    )
-    order = await db.fetch(
-        "SELECT outbox_message_id, created_at, event_type FROM outbox_messages "
-        "ORDER BY created_at, outbox_message_id"
-    )
-    old = [(r["created_at"], r["outbox_message_id"]) for r in order if r["event_type"] == "Old"]
-
-    # From a position: only what follows it goes, however many rows come before it.
-    deleted, last = await store.purge_processed(db, 7, 100, after=old[9])
-    assert (deleted, last) == (15, old[-1])
-    left = {
-        r["outbox_message_id"]
-        for r in await db.fetch("SELECT outbox_message_id FROM outbox_messages")
-    }
-    assert {message_id for _, message_id in old[:10]} <= left
-    assert not {message_id for _, message_id in old[10:]} & left
-    assert await store.purge_processed(db, 7, 100, after=old[-1]) == (0, None)
-
-    # The whole purge: every row finished before the cutoff, none finished after it.
-    report = await operations.purge(db, retention_days=7, failed_retention_days=None, batch_size=4)
-    assert (report.processed_deleted, report.batches) == (10, 3)
-    assert await db.fetchval("SELECT count(*) FROM outbox_messages WHERE event_type = 'Late'") == 15
-    assert await statuses(db) == {"Processed": 15}
-
-
-async def test_processed_rows_have_no_index_on_the_finish_time_alone(db: Any) -> None:
-    # Migrations 0020 and 0021: the purge reads the created-order index; one index entry less at
-    # every outcome write.
-    indexes = {
-        r["indexname"]
-        for r in await db.fetch(
-            "SELECT indexname FROM pg_indexes WHERE tablename = 'outbox_messages'"
-        )
-    }
-    assert "outbox_messages_processed_idx" not in indexes
-    assert "outbox_messages_processed_order_idx" in indexes
-
-
 async def test_purge_command_and_the_daily_timer(db: Any, database_url: str, app_env: None) -> None:
     await old_rows(db, processed=5, failed=2)
     result = await run_cli(

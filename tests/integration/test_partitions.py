@@ -17,7 +17,6 @@ import outbox
 from outbox.core.errors import DuplicateMessageError
 from outbox.core.requests import RequeueFilter
 from outbox.store import operations, partitions
-from outbox.store.migrate import migrate
 from tests.support.outbox_helpers import open_relay, run_cli, seed, statuses
 from tests.support.receiver import Receiver
 
@@ -360,42 +359,6 @@ async def test_the_switch_waits_for_a_long_reader_without_holding_producers_behi
     assert committed >= 3  # producers went on between its tries (behind it: none would)
     assert await partitions.is_partitioned(db)
     assert await db.fetchval("SELECT count(*) FROM outbox_messages") == committed
-
-
-async def test_an_upgrade_on_the_partitioned_layout_drops_the_index_on_the_finish_time(
-    partitioned: Any,
-) -> None:
-    # As a partitioned table converted before migrations 0020 and 0021 has it: a partitioned
-    # index, with one on each partition, which PostgreSQL drops only in a transaction.
-    db = partitioned
-    await db.execute(
-        "CREATE INDEX outbox_messages_processed_idx ON outbox_messages (processed_at) "
-        "WHERE status = 'Processed'"
-    )
-    await db.execute(
-        "DELETE FROM outbox_migrations WHERE name IN "
-        "('0020_purge_in_created_order.sql', '0021_drop_processed_index.sql')"
-    )
-    assert await migrate(db) == ["0020_purge_in_created_order.sql", "0021_drop_processed_index.sql"]
-    left = await db.fetchval(
-        "SELECT count(*) FROM pg_indexes WHERE tablename LIKE 'outbox_messages%' "
-        "AND indexdef LIKE '%(processed_at)%'"
-    )
-    assert left == 0
-    # Without it the purge still finds the default partition's Processed rows by their finish
-    # time: one finished within retention stays, one finished before it goes.
-    now = datetime.now(UTC)
-    kept = await insert_at(db, now - timedelta(days=40), "Processed", processed_at=now)
-    gone = await insert_at(
-        db, now - timedelta(days=40), "Processed", processed_at=now - timedelta(days=39)
-    )
-    await purge(db, retention_days=7)
-    ids = {
-        r["outbox_message_id"]
-        for r in await db.fetch("SELECT outbox_message_id FROM outbox_messages")
-    }
-    assert kept in ids
-    assert gone not in ids
 
 
 async def test_cli_migrate_partitioned_and_status(database_url: str, outbox_layout: str) -> None:
