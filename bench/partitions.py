@@ -100,7 +100,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--hotpath-messages", type=int, default=20_000, help="per hot-path run")
     add("--hotpath-runs", type=int, default=3)
     add("--hotpath-past-days", type=int, default=7, help="days of partitions kept behind today")
-    add("--hotpath-interval", choices=("daily", "hourly"), default="daily", help="partition size")
+    add(
+        "--hotpath-interval",
+        choices=tuple(layout_ops.INTERVALS),
+        default=layout_ops.DEFAULT_INTERVAL,
+        help="partition size",
+    )
     add("--bloat-rate", type=float, default=1000.0, help="messages per second, bloat figure")
     add("--bloat-seconds", type=float, default=600.0, help="length of each bloat run")
     add("--bloat-vacuum-every", type=float, default=10.0, help="seconds between VACUUMs")
@@ -141,7 +146,11 @@ async def measure(receiver: ReceiverProcess, args: argparse.Namespace) -> dict[s
 
 
 async def prepare(
-    db: Database, conn: Any, layout: str, past_days: int = 0, interval: str = "daily"
+    db: Database,
+    conn: Any,
+    layout: str,
+    past_days: int = 0,
+    interval: str = layout_ops.DEFAULT_INTERVAL,
 ) -> None:
     """The schema as migrated, converted to the partitioned layout (partitions of ``interval``)
     where asked, with the partitions of ``past_days`` days behind today (as retention keeps
@@ -622,7 +631,12 @@ async def _partition_count(conn: Any) -> int:
 
 
 async def measure_hotpath(
-    receiver: ReceiverProcess, *, messages: int, runs: int, past_days: int, interval: str = "daily"
+    receiver: ReceiverProcess,
+    *,
+    messages: int,
+    runs: int,
+    past_days: int,
+    interval: str = layout_ops.DEFAULT_INTERVAL,
 ) -> dict[str, Any]:
     rounds = []
     for n in range(runs):
