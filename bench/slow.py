@@ -28,17 +28,10 @@ from bench.common import (
     settle,
 )
 from bench.throughput import Options, run_one
-from outbox.core.settings import Settings
+from outbox.core.settings import default_concurrency
 from outbox.relay.runtime import Relay
 
 RECEIVERS = {"instant": "/hook", "slow_100ms": "/slow/100", "lognormal_100ms": "/lognormal/100"}
-
-
-def default_concurrency() -> int:
-    """The relay's default ``OUTBOX_CONCURRENCY``."""
-    default = Settings.model_fields["concurrency"].default
-    assert isinstance(default, int)
-    return default
 
 
 async def measure(

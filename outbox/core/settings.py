@@ -41,6 +41,14 @@ DEFAULT_QUEUE_NAME = "outbox-wakeup"
 # The PostgreSQL NOTIFY channel of OUTBOX_WAKEUP=postgres.
 WAKEUP_CHANNEL = "outbox_wakeup"
 DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
+# OUTBOX_CONCURRENCY's default: requests in flight per process (docs/performance.md).
+DEFAULT_CONCURRENCY = 1024
+# ... and on a consumption-billed Functions plan, whose instances may hold 600 active outbound
+# connections (Azure Functions' service limits; the Flex Consumption plan is kept at the same
+# number, no limit being published for it).
+CONSUMPTION_CONCURRENCY = 512
+# WEBSITE_SKU, which Azure sets on every Functions app: the plans billed by consumption.
+CONSUMPTION_SKUS = frozenset({"dynamic", "flexconsumption"})
 # A delivery starts only if it can time out this long before its lease does.
 LEASE_SAFETY_SECONDS = 1.0
 PayloadLimit = Annotated[int, Field(ge=1024, le=64 * 1_048_576)]
@@ -82,6 +90,13 @@ _ENV_NAMES = {
     "queue_credential": "AzureWebJobsStorage__credential",
     "queue_client_id": "AzureWebJobsStorage__clientId",
 }
+
+
+def default_concurrency(environ: Mapping[str, str] = os.environ) -> int:
+    """OUTBOX_CONCURRENCY where it is not set: 512 on a Consumption or Flex Consumption plan,
+    1,024 elsewhere (Premium, Dedicated, ``outbox serve``)."""
+    on_consumption = environ.get("WEBSITE_SKU", "").strip().lower() in CONSUMPTION_SKUS
+    return CONSUMPTION_CONCURRENCY if on_consumption else DEFAULT_CONCURRENCY
 
 
 def env_name(field: str) -> str:
@@ -336,7 +351,7 @@ class Settings(QueueSettings):
     lease_seconds: float = Field(default=60.0, ge=1, le=3600)
     max_attempts: int = Field(default=10, ge=1, le=100)
     http_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
-    concurrency: int = Field(default=512, ge=1, le=4096)
+    concurrency: int = Field(default_factory=default_concurrency, ge=1, le=4096)
     run_budget_seconds: float = Field(default=240.0, gt=0, le=3600)
     max_payload_bytes: PayloadLimit = DEFAULT_MAX_PAYLOAD_BYTES
     db_pool_size: int = Field(default=4, ge=2, le=100)

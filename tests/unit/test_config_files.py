@@ -14,6 +14,8 @@ from outbox.core.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = ROOT.parent / "shared" / "schemas"
+# Settings whose default follows the hosting plan (outbox.core.settings.default_concurrency).
+PLAN_DEPENDENT = {"concurrency"}
 SCHEMA_FILES = {
     "host.json": "host.schema.json",
     "local.settings.json.example": "local.settings.schema.json",
@@ -85,12 +87,16 @@ def test_example_settings_cover_every_setting_and_load() -> None:
     assert values["FUNCTIONS_WORKER_RUNTIME"] == "python"
     assert values["AzureWebJobsStorage"] == "UseDevelopmentStorage=true"
     assert values["OUTBOX_QUEUE_NAME"] == "outbox-wakeup"
-    # Every setting that has a value by default; those unset by default stay out of it.
+    # Every setting that has a value by default; those unset by default stay out of it, and so
+    # does one whose default follows the hosting plan (a value here would pin it).
     documented = {
         f"OUTBOX_{name.upper()}"
         for name, field in Settings.model_fields.items()
-        if not name.startswith("queue_") and (field.is_required() or field.default is not None)
+        if not name.startswith("queue_")
+        and name not in PLAN_DEPENDENT
+        and (field.is_required() or field.default is not None)
     }
+    assert "OUTBOX_CONCURRENCY" not in values
     assert documented | {"OUTBOX_QUEUE_NAME"} == {k for k in values if k.startswith("OUTBOX_")}
     settings = Settings.load(
         **{

@@ -59,6 +59,28 @@ def test_every_setting_is_read_from_its_documented_name(env: pytest.MonkeyPatch)
     assert settings.run_budget_seconds == 30
 
 
+@pytest.mark.parametrize(
+    ("sku", "expected"),
+    [
+        (None, 1024),  # outbox serve, a developer's machine
+        ("ElasticPremium", 1024),
+        ("PremiumV3", 1024),
+        ("Dynamic", 512),  # Consumption: 600 active outbound connections per instance
+        ("FlexConsumption", 512),
+    ],
+)
+def test_concurrency_defaults_to_what_the_hosting_plan_allows(
+    env: pytest.MonkeyPatch, sku: str | None, expected: int
+) -> None:
+    if sku is None:
+        env.delenv("WEBSITE_SKU", raising=False)
+    else:
+        env.setenv("WEBSITE_SKU", sku)
+    assert Settings.load().concurrency == expected
+    env.setenv("OUTBOX_CONCURRENCY", "700")  # a value set is taken on any plan
+    assert Settings.load().concurrency == 700
+
+
 def test_identity_based_queue_connection_counts_as_configured(env: pytest.MonkeyPatch) -> None:
     env.setenv("AzureWebJobsStorage__accountName", "mystorage")
     assert QueueSettings.load().has_queue
