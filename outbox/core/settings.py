@@ -92,11 +92,27 @@ _ENV_NAMES = {
 }
 
 
-def default_concurrency(environ: Mapping[str, str] = os.environ) -> int:
+def default_concurrency(
+    environ: Mapping[str, str] = os.environ, descriptor_limit: int | None = None
+) -> int:
     """OUTBOX_CONCURRENCY where it is not set: 512 on a Consumption or Flex Consumption plan,
-    1,024 elsewhere (Premium, Dedicated, ``outbox serve``)."""
+    1,024 elsewhere (Premium, Dedicated, ``outbox serve``); in either case at most half the
+    process's file descriptor limit (``descriptor_limit``, by default ``ulimit -n``), so that a
+    connection per request leaves the rest for the database, the queue and ``serve``'s port."""
     on_consumption = environ.get("WEBSITE_SKU", "").strip().lower() in CONSUMPTION_SKUS
-    return CONSUMPTION_CONCURRENCY if on_consumption else DEFAULT_CONCURRENCY
+    plan = CONSUMPTION_CONCURRENCY if on_consumption else DEFAULT_CONCURRENCY
+    limit = descriptor_limit if descriptor_limit is not None else _descriptor_limit()
+    return plan if limit is None else max(1, min(plan, limit // 2))
+
+
+def _descriptor_limit() -> int | None:
+    """The process's soft limit of open files, or None where there is none to read."""
+    try:
+        import resource  # noqa: PLC0415 - POSIX only: a producer may import settings on Windows
+    except ImportError:
+        return None
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def env_name(field: str) -> str:

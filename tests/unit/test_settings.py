@@ -6,7 +6,12 @@ from typing import Any
 import pytest
 
 from outbox.core.errors import ConfigurationError
-from outbox.core.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
+from outbox.core.settings import (
+    DEFAULT_QUEUE_NAME,
+    QueueSettings,
+    Settings,
+    default_concurrency,
+)
 
 SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 DB = "postgresql://relay:hunter2-db-password@db.example.com:5432/app"
@@ -66,19 +71,34 @@ def test_every_setting_is_read_from_its_documented_name(env: pytest.MonkeyPatch)
         ("ElasticPremium", 1024),
         ("PremiumV3", 1024),
         ("Dynamic", 512),  # Consumption: 600 active outbound connections per instance
+        (" dynamic ", 512),
         ("FlexConsumption", 512),
     ],
 )
 def test_concurrency_defaults_to_what_the_hosting_plan_allows(
     env: pytest.MonkeyPatch, sku: str | None, expected: int
 ) -> None:
+    env.delenv("OUTBOX_CONCURRENCY", raising=False)
     if sku is None:
         env.delenv("WEBSITE_SKU", raising=False)
     else:
         env.setenv("WEBSITE_SKU", sku)
-    assert Settings.load().concurrency == expected
+    assert default_concurrency(descriptor_limit=65_536) == expected
+    assert default_concurrency(descriptor_limit=None) == Settings.load().concurrency
     env.setenv("OUTBOX_CONCURRENCY", "700")  # a value set is taken on any plan
     assert Settings.load().concurrency == 700
+
+
+@pytest.mark.parametrize(
+    ("sku", "descriptors", "expected"),
+    [("", 1024, 512), ("", 600, 300), ("Dynamic", 1024, 512), ("Dynamic", 800, 400), ("", 1, 1)],
+)
+def test_concurrency_defaults_to_at_most_half_the_descriptor_limit(
+    sku: str, descriptors: int, expected: int
+) -> None:
+    # A connection per request in flight; the rest stays for the database, queue and port.
+    environ = {"WEBSITE_SKU": sku}
+    assert default_concurrency(environ, descriptor_limit=descriptors) == expected
 
 
 def test_identity_based_queue_connection_counts_as_configured(env: pytest.MonkeyPatch) -> None:
