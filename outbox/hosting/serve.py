@@ -447,7 +447,7 @@ async def serve(
     runner = await start_http(http, options, redact)
     logger.info(
         "serving %d functions; HTTP on http://%s:%d/api/ (%s; at most %d connections; "
-        "event loop %s)",
+        "event loop %s); at most %d webhook requests at once (OUTBOX_CONCURRENCY)",
         len(bindings),
         options.host,
         options.port,
@@ -456,6 +456,7 @@ async def serve(
         else "no OUTBOX_FUNCTION_KEY: keyed routes answer 401",
         options.max_connections or default_max_connections(),
         type(asyncio.get_running_loop()).__module__.split(".")[0],
+        settings.concurrency,
     )
     tasks = [asyncio.create_task(listener.run(stopping)) for listener in listeners]
     # What waited while no relay ran is taken now, not at the first hint or sweep.

@@ -107,6 +107,8 @@ async def test_on_uvloop_the_same_functions_deliver_and_stop_cleanly(
 ) -> None:
     async with serving(serve_env, tmp_path, "--uvloop") as (child, api):
         assert any("event loop uvloop" in line for line in child.lines)
+        # What the relay may send at once is on the start-up line (OUTBOX_CONCURRENCY=2 here).
+        assert any("at most 2 webhook requests at once" in line for line in child.lines)
         result = await run_cli("enqueue", "OrderCompleted", '{"orderId": 1}', env=serve_env)
         await receiver.wait_for(1, timeout=30)
         assert receiver.requests[0].webhook_id == json.loads(result.stdout)["message_id"]
