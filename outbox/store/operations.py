@@ -223,8 +223,15 @@ async def _purge(
     conn: store.Connection, status: str, days: int, batch_size: int, report: PurgeReport
 ) -> int:
     total = 0
+    # Processed rows are read in created order, each batch after the last row the one before
+    # deleted: rows finished within retention are passed over once, not at every batch.
+    after: store.PurgePosition | None = None
     while True:
-        deleted = await store.purge_batch(conn, status, days, batch_size)
+        if status == "Processed":
+            deleted, last = await store.purge_processed(conn, days, batch_size, after)
+            after = last or after
+        else:
+            deleted = await store.purge_batch(conn, status, days, batch_size)
         report.batches += 1
         total += deleted
         if deleted < batch_size:

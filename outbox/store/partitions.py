@@ -274,6 +274,14 @@ async def _prepare(conn: store.Connection, interval: str) -> None:
         "ON outbox_message_ids USING brin (created_at)",
     )
     await _execute(conn, "CREATE SEQUENCE IF NOT EXISTS outbox_attempts_id_seq AS bigint")
+    # The partitioned layout's purge finds live rows by processed_at under a partition's lock;
+    # the plain table has no such index since migration 0020: built first, without blocking, so
+    # that the parent gets it below and the plain table enters as a partition with it.
+    await store.build_index_concurrently(
+        conn,
+        PROCESSED_INDEX,
+        f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {PROCESSED_INDEX} {_ON_PROCESSED}",
+    )
     for table, key in ((MESSAGES, "created_at"), (ATTEMPTS, "recorded_at")):
         await _execute(
             conn,
@@ -537,6 +545,10 @@ async def _attach_new(
         )
 
 
+# Processed rows by finish time: the plain table's index until migration 0020, kept (and made at
+# the conversion) on the partitioned layout, where the drop of a partition reads it for live rows.
+PROCESSED_INDEX = "outbox_messages_processed_idx"
+_ON_PROCESSED = "ON outbox_messages (processed_at) WHERE status = 'Processed'"
 _LIVE = """
     status IN ('Pending', 'Processing')
     OR (status = 'Processed' AND processed_at >= $1)
@@ -812,6 +824,8 @@ async def _prepare_plain(conn: store.Connection) -> None:
             conn, f"ALTER TABLE {table}_next ADD CONSTRAINT {table}_pkey_next PRIMARY KEY ({key})"
         )
         for definition in await _index_definitions(conn, table):
+            if _index_name(definition) == PROCESSED_INDEX:
+                continue  # the plain table's purge does without it (migration 0020)
             await _execute(conn, _retarget(definition, table, f"{table}_next", "_next"))
     for trigger in _MESSAGE_TRIGGERS:
         await _execute(conn, trigger.format(table="outbox_messages_next"))
@@ -917,6 +931,11 @@ def _ident(name: str) -> str:
 
 def _iso(moment: datetime | None) -> str | None:
     return None if moment is None else moment.isoformat()
+
+
+def _index_name(definition: str) -> str:
+    """The name in ``CREATE [UNIQUE] INDEX name ON …``."""
+    return definition.split(" INDEX ", 1)[1].split(" ", 1)[0]
 
 
 def _retarget(definition: str, table: str, target: str, suffix: str) -> str:

@@ -650,12 +650,34 @@ async def requeue_failed_step(
     return RequeueStep(rows, progress)
 
 
+# Where a purge of Processed rows goes on: the (created_at, id) of the last row it deleted.
+PurgePosition = tuple[datetime, UUID]
+
+
 @database_boundary
 async def purge_batch(conn: Connection, status: str, older_than_days: int, limit: int) -> int:
     """Delete one bounded batch of old Processed or Failed rows; returns how many went."""
-    query = QUERIES["purge_processed" if status == "Processed" else "purge_failed"]
-    result: str = await conn.execute(query, older_than_days, limit)
+    if status == "Processed":
+        deleted, _ = await purge_processed(conn, older_than_days, limit)
+        return deleted
+    result: str = await conn.execute(QUERIES["purge_failed"], older_than_days, limit)
     return int(result.split()[-1])
+
+
+@database_boundary
+async def purge_processed(
+    conn: Connection, older_than_days: int, limit: int, after: PurgePosition | None = None
+) -> tuple[int, PurgePosition | None]:
+    """Delete one bounded batch of Processed rows finished more than ``older_than_days`` ago,
+    read in created order after ``after``; how many went, and the position of the last one
+    (None if none went), where the next batch goes on."""
+    created_at, message_id = after if after is not None else (None, None)
+    row = await conn.fetchrow(
+        QUERIES["purge_processed"], older_than_days, limit, created_at, message_id
+    )
+    assert row is not None  # one row, whatever was deleted
+    last = None if row["created_at"] is None else (row["created_at"], row["outbox_message_id"])
+    return int(row["deleted"]), last
 
 
 @database_boundary

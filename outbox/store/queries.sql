@@ -784,19 +784,42 @@ SELECT (SELECT count(*) FROM matching) AS total,
              ORDER BY 1) AS endpoints;
 
 -- purge_processed --
--- Delete one bounded batch of Processed rows finished more than $1 days ago ($2 rows at most);
--- SKIP LOCKED and short transactions: it never waits for, or blocks, the relay
+-- Delete one bounded batch of Processed rows finished more than $1 days ago ($2 rows at most),
+-- read in created order after ($3, $4) (the last row the batch before deleted; NULLs: from the
+-- start); returns how many went and the last of them, where the next batch goes on.
+-- SKIP LOCKED and short transactions: it never waits for, or blocks, the relay.
+-- A row is created before it is processed, so every row finished before the cutoff was created
+-- before it: the scan reads outbox_messages_processed_order_idx (created_at, id) up to the
+-- cutoff, and Processed rows carry no index on processed_at (one entry less for every outcome
+-- write: docs/performance.md#wal-per-message). A row created before the cutoff but finished
+-- after it is passed over, once per purge, thanks to the position.
 WITH doomed AS (
-    SELECT outbox_message_id
+    SELECT outbox_message_id, created_at
     FROM outbox_messages
-    WHERE status = 'Processed' AND processed_at < now() - make_interval(days => $1)
-    ORDER BY processed_at
+    WHERE status = 'Processed'
+      AND created_at < now() - make_interval(days => $1)
+      AND (created_at, outbox_message_id)
+          > (COALESCE($3::timestamptz, '-infinity'),
+             COALESCE($4::uuid, '00000000-0000-0000-0000-000000000000'))
+      AND processed_at < now() - make_interval(days => $1)
+    ORDER BY created_at, outbox_message_id
     LIMIT $2
     FOR UPDATE SKIP LOCKED
+),
+gone AS (
+    DELETE FROM outbox_messages AS m
+    USING doomed
+    WHERE m.outbox_message_id = doomed.outbox_message_id
+    RETURNING m.outbox_message_id, m.created_at
 )
-DELETE FROM outbox_messages AS m
-USING doomed
-WHERE m.outbox_message_id = doomed.outbox_message_id;
+SELECT (SELECT count(*) FROM gone) AS deleted, last.created_at, last.outbox_message_id
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT created_at, outbox_message_id
+    FROM gone
+    ORDER BY created_at DESC, outbox_message_id DESC
+    LIMIT 1
+) AS last ON true;
 
 -- purge_failed --
 -- Delete one bounded batch of Failed rows created more than $1 days ago ($2 rows at most)

@@ -369,6 +369,73 @@ async def test_purge_deletes_only_rows_past_retention_with_their_attempts(
     assert await statuses(db) == {"Processed": 2}
 
 
+async def test_purge_goes_by_the_finish_time_and_reads_on_from_the_last_row_it_deleted(
+    db: Any, outbox_layout: str
+) -> None:
+    # 25 rows finished 30 days ago, and 15 created as long ago but finished yesterday (retried
+    # for a month): created in the same instant, so that the ids interleave them in the order
+    # the purge reads (created_at, id).
+    await old_rows(db, processed=25)
+    await db.execute(
+        "INSERT INTO outbox_messages "
+        "(outbox_message_id, event_type, payload, status, processed_at, created_at) "
+        "SELECT gen_random_uuid(), 'Late', '{}', 'Processed', now() - interval '1 day', "
+        "now() - interval '31 days' FROM generate_series(1, 15)"
+    )
+    order = await db.fetch(
+        "SELECT outbox_message_id, created_at, event_type FROM outbox_messages "
+        "ORDER BY created_at, outbox_message_id"
+    )
+    old = [(r["created_at"], r["outbox_message_id"]) for r in order if r["event_type"] == "Old"]
+
+    # From a position: only what follows it goes, however many rows come before it.
+    deleted, last = await store.purge_processed(db, 7, 100, after=old[9])
+    assert (deleted, last) == (15, old[-1])
+    left = {
+        r["outbox_message_id"]
+        for r in await db.fetch("SELECT outbox_message_id FROM outbox_messages")
+    }
+    assert {message_id for _, message_id in old[:10]} <= left
+    assert not {message_id for _, message_id in old[10:]} & left
+    assert await store.purge_processed(db, 7, 100, after=old[-1]) == (0, None)
+
+    # The whole purge: every row finished before the cutoff, none finished after it.
+    report = await operations.purge(db, retention_days=7, failed_retention_days=None, batch_size=4)
+    assert purged(report.as_dict()) == 10
+    if outbox_layout == "plain":
+        assert (report.processed_deleted, report.batches) == (10, 3)
+    assert await db.fetchval("SELECT count(*) FROM outbox_messages WHERE event_type = 'Late'") == 15
+    assert await statuses(db) == {"Processed": 15}
+
+
+async def test_only_the_partitioned_layout_indexes_processed_rows_by_finish_time(
+    db: Any, outbox_layout: str
+) -> None:
+    # Migration 0020: the plain table's purge reads the created-order index, one index entry
+    # less at every outcome write; a partition's drop reads processed_at for live rows under its
+    # lock, so the partitioned layout keeps the index, on the parent and every partition.
+    indexes = {
+        (r["tablename"], r["indexname"])
+        for r in await db.fetch(
+            "SELECT tablename, indexname FROM pg_indexes WHERE tablename LIKE 'outbox_messages%'"
+        )
+    }
+    names = {name for _, name in indexes}
+    assert "outbox_messages_processed_order_idx" in names
+    if outbox_layout == "plain":
+        assert "outbox_messages_processed_idx" not in names
+    else:
+        assert ("outbox_messages", "outbox_messages_processed_idx") in indexes
+        partitions = {table for table, _ in indexes if table != "outbox_messages"}
+        assert partitions
+        for table in partitions:
+            assert any(
+                name.startswith(table) and "processed_at" in name
+                for t, name in indexes
+                if t == table
+            ), table
+
+
 async def test_purge_command_and_the_daily_timer(
     db: Any, database_url: str, app_env: None, outbox_layout: str
 ) -> None:

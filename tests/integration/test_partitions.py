@@ -279,6 +279,15 @@ async def test_a_partition_past_retention_with_many_live_rows_is_kept_whole(
     assert described["oldest_partition"]["live_rows"] == 2
 
 
+async def processed_at_indexes(db: Any) -> set[tuple[str, str]]:
+    """(table, index) of every index on processed_at alone over the outbox's messages."""
+    rows = await db.fetch(
+        "SELECT tablename, indexname FROM pg_indexes "
+        "WHERE tablename LIKE 'outbox_messages%' AND indexdef LIKE '%(processed_at)%'"
+    )
+    return {(r["tablename"], r["indexname"]) for r in rows}
+
+
 async def test_the_conversion_and_back_with_a_producer_writing_throughout(
     db: Any, database_url: str, outbox_layout: str
 ) -> None:
@@ -307,6 +316,7 @@ async def test_the_conversion_and_back_with_a_producer_writing_throughout(
         await asyncio.sleep(0.2)
         forth = await partitions.convert(db)
         at_switch = len(written)
+        partitioned_indexes = await processed_at_indexes(db)
         await asyncio.sleep(0.2)
         back = await partitions.convert_back(db, batch_size=50)
         await asyncio.sleep(0.2)
@@ -315,6 +325,16 @@ async def test_the_conversion_and_back_with_a_producer_writing_throughout(
         await producer
     assert forth["converted"]
     assert back["converted"]
+    # The partitioned layout's drop of a partition reads processed_at under its lock: the index
+    # the plain table lacks (migration 0020) is made on the parent and every partition, the one
+    # that was the plain table included, and left out again on the way back.
+    assert ("outbox_messages", "outbox_messages_processed_idx") in partitioned_indexes
+    assert {table for table, _ in partitioned_indexes} >= {
+        "outbox_messages",
+        "outbox_messages_default",
+        "outbox_messages_legacy",
+    }
+    assert await processed_at_indexes(db) == set()
     assert errors == []
     assert len(written) > at_switch > 0
     assert not await partitions.is_partitioned(db)
