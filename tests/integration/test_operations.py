@@ -373,20 +373,23 @@ async def test_purge_goes_by_the_finish_time_and_reads_on_from_the_last_row_it_d
     db: Any, outbox_layout: str
 ) -> None:
     # 25 rows finished 30 days ago, and 15 created as long ago but finished yesterday (retried
-    # for a month): created in the same instant, so that the ids interleave them in the order
-    # the purge reads (created_at, id).
-    await old_rows(db, processed=25)
-    await db.execute(
-        "INSERT INTO outbox_messages "
-        "(outbox_message_id, event_type, payload, status, processed_at, created_at) "
-        "SELECT gen_random_uuid(), 'Late', '{}', 'Processed', now() - interval '1 day', "
-        "now() - interval '31 days' FROM generate_series(1, 15)"
-    )
+    # for a month): created in the same instant (one transaction, one now()), so that the ids
+    # interleave them in the order the purge reads (created_at, id).
+    async with db.transaction():
+        await old_rows(db, processed=25)
+        await db.execute(
+            "INSERT INTO outbox_messages "
+            "(outbox_message_id, event_type, payload, status, processed_at, created_at) "
+            "SELECT gen_random_uuid(), 'Late', '{}', 'Processed', now() - interval '1 day', "
+            "now() - interval '31 days' FROM generate_series(1, 15)"
+        )
     order = await db.fetch(
         "SELECT outbox_message_id, created_at, event_type FROM outbox_messages "
         "ORDER BY created_at, outbox_message_id"
     )
     old = [(r["created_at"], r["outbox_message_id"]) for r in order if r["event_type"] == "Old"]
+    kinds = [r["event_type"] for r in order]
+    assert kinds.index("Late") < len(old)  # some Late row comes before the last Old one
 
     # From a position: only what follows it goes, however many rows come before it.
     deleted, last = await store.purge_processed(db, 7, 100, after=old[9])
