@@ -101,12 +101,13 @@ def default_concurrency(
     connection per request leaves the rest for the database, the queue and ``serve``'s port."""
     on_consumption = environ.get("WEBSITE_SKU", "").strip().lower() in CONSUMPTION_SKUS
     plan = CONSUMPTION_CONCURRENCY if on_consumption else DEFAULT_CONCURRENCY
-    limit = descriptor_limit if descriptor_limit is not None else _descriptor_limit()
+    limit = descriptor_limit if descriptor_limit is not None else open_files_limit()
     return plan if limit is None else max(1, min(plan, limit // 2))
 
 
-def _descriptor_limit() -> int | None:
-    """The process's soft limit of open files, or None where there is none to read."""
+def open_files_limit() -> int | None:
+    """The process's soft limit of open files (``ulimit -n``), or None where there is none (no
+    limit, or not POSIX)."""
     try:
         import resource  # noqa: PLC0415 - POSIX only: a producer may import settings on Windows
     except ImportError:

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import resource
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from outbox.core.logs import Throttled
+from outbox.core.settings import open_files_limit
 
 # A request's headers are a few hundred bytes: anything slower than this is not a client.
 HEADER_TIMEOUT_SECONDS = 10.0
@@ -39,8 +39,8 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 def default_max_connections() -> int:
     """A quarter of the process's descriptor limit, at most 1024: the rest stays for the
     relay's own sockets (receivers, the database pool, the queue) and files."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft == resource.RLIM_INFINITY:
+    soft = open_files_limit()
+    if soft is None:
         return MAX_CONNECTIONS_CEILING
     return max(1, min(MAX_CONNECTIONS_CEILING, soft // 4))
 
