@@ -13,6 +13,11 @@ after ``<ms>`` milliseconds; to ``/lognormal/<ms>`` after a lognormal delay whos
 A POST to ``/limited/<n>`` is answered 429 with ``Retry-After: 1`` when ``n`` requests to it are
 already in flight (a receiver that pushes back above what it can take).
 
+A delayed request whose connection is lost before its answer is not counted, and a limited
+one frees its place at once. What the server cannot read gets 400 (413 above
+``MAX_BODY_BYTES``), a request it cannot answer (``/slow/x``) 500, each with the connection
+closed after; nothing a client sends makes it spin or buffer without bound.
+
 Control endpoints (for the benchmark driver only):
 ``GET /_stats`` → ``{"requests", "distinct", "first", "last", "latencies", "max_in_flight",
 "refused", "connections"}`` (``connections``: distinct connections the counted requests came
@@ -34,6 +39,7 @@ import contextlib
 import json
 import math
 import random
+import re
 import time
 
 MAX_BODY_BYTES = 2 * 1_048_576  # the largest payload allowed, in its envelope
@@ -41,12 +47,19 @@ LOGNORMAL_SIGMA = 0.5
 # The limited receiver's own answer time, milliseconds.
 LIMITED_MS = 100
 MAX_HEAD_BYTES = 64 * 1024
+# What one connection may hold unread while its answer waits: then it stops reading.
+MAX_BUFFERED_BYTES = MAX_HEAD_BYTES + MAX_BODY_BYTES
+# A half-closed connection (after a 400/413/500) is closed this long after, at the latest.
+CLOSE_AFTER_SECONDS = 1.0
+DIGITS = re.compile(r"[0-9]{1,10}")
+CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,8}")
 
 NO_CONTENT = b"HTTP/1.1 204 No Content\r\n\r\n"
 TOO_MANY = b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: 1\r\nContent-Length: 0\r\n\r\n"
 NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
 TOO_LARGE = b"HTTP/1.1 413 Payload Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+FAILED = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
 
 
 class BadRequest(Exception):
@@ -60,7 +73,7 @@ class BadRequest(Exception):
 class Request:
     """One parsed request: what the recorder looks at."""
 
-    __slots__ = ("body", "close", "method", "path", "webhook_id")
+    __slots__ = ("body", "close", "generation", "method", "path", "webhook_id")
 
     def __init__(self, method: str, path: str, webhook_id: str, body: bytes, close: bool) -> None:
         self.method = method
@@ -68,15 +81,18 @@ class Request:
         self.webhook_id = webhook_id
         self.body = body
         self.close = close
+        self.generation = -1  # the recorder's, when it counted this request in flight
 
 
 class Recorder:
     """What arrived since the last reset."""
 
     def __init__(self) -> None:
+        self.generation = 0
         self.reset()
 
     def reset(self) -> None:
+        self.generation += 1  # requests in flight before a reset are not counted down after
         self.ids: list[str] = []
         self.first = 0.0
         self.last = 0.0
@@ -102,23 +118,25 @@ class Recorder:
             self.last = now
             return 0.0, NO_CONTENT
         if path.startswith("/limited/"):
-            return self._limited(int(path.rsplit("/", 1)[1]))
+            return self._limited(request, int(path.rsplit("/", 1)[1]))
         delay = _delay(path)
         if not delay:
             self.arrived(request, connection)
         return delay, NO_CONTENT
 
-    def _limited(self, limit: int) -> tuple[float, bytes]:
+    def _limited(self, request: Request, limit: int) -> tuple[float, bytes]:
         if self.in_flight >= limit:
             self.refused += 1
             return 0.0, TOO_MANY
+        request.generation = self.generation
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         return LIMITED_MS / 1000, NO_CONTENT
 
     def abandoned(self, request: Request) -> None:
         """A delayed request is answered or its connection lost: no longer in flight."""
-        if request.path.startswith("/limited/"):
+        if request.generation == self.generation:
+            request.generation = -1
             self.in_flight -= 1
 
     def arrived(self, request: Request, connection: int) -> None:
@@ -198,7 +216,7 @@ def _headers(lines: list[str], *, close: bool) -> tuple[int, bool, str, bool]:
         name, _, value = line.partition(":")
         name = name.strip().lower()
         if name == "content-length":
-            if not value.strip().isdigit():
+            if not DIGITS.fullmatch(value.strip()):
                 raise BadRequest
             length = int(value)
         elif name == "transfer-encoding":
@@ -215,26 +233,40 @@ def _chunked(buffer: bytearray, at: int) -> tuple[bytes, int] | None:
     parts: list[bytes] = []
     size = 0
     while True:
-        line_end = buffer.find(b"\r\n", at)
-        if line_end < 0:
+        line = _chunk_size(buffer, at)
+        if line is None:
             return None
-        try:
-            chunk = int(bytes(buffer[at:line_end]).split(b";", 1)[0], 16)
-        except ValueError:
-            raise BadRequest from None
+        chunk, at = line
         size += chunk
         if size > MAX_BODY_BYTES:
             raise BadRequest(TOO_LARGE)
-        at = line_end + 2
         if chunk == 0:
             trailer_end = buffer.find(b"\r\n\r\n", at - 2)
             if trailer_end < 0:
+                if len(buffer) - at > MAX_HEAD_BYTES:
+                    raise BadRequest
                 return None
             return b"".join(parts), trailer_end + 4
         if len(buffer) < at + chunk + 2:
             return None
+        if buffer[at + chunk : at + chunk + 2] != b"\r\n":
+            raise BadRequest
         parts.append(bytes(buffer[at : at + chunk]))
         at += chunk + 2
+
+
+def _chunk_size(buffer: bytearray, at: int) -> tuple[int, int] | None:
+    """The size on the chunk-size line at ``at`` (extensions ignored) and where its data
+    starts, or None while the line is incomplete."""
+    line_end = buffer.find(b"\r\n", at)
+    if line_end < 0:
+        if len(buffer) - at > MAX_HEAD_BYTES:
+            raise BadRequest
+        return None
+    token = bytes(buffer[at:line_end]).split(b";", 1)[0].strip()
+    if not CHUNK_SIZE.fullmatch(token):
+        raise BadRequest
+    return int(token, 16), line_end + 2
 
 
 class Connection(asyncio.Protocol):
@@ -262,23 +294,30 @@ class Connection(asyncio.Protocol):
         self.transport = None
 
     def data_received(self, data: bytes) -> None:
+        if self.transport is None:
+            return  # closing: what else it sends is not read
         self.buffer += data
         if self.waiting is None:
             self._serve()
+        elif len(self.buffer) > MAX_BUFFERED_BYTES:
+            self.transport.pause_reading()  # until the waiting answer is sent
 
     def _serve(self) -> None:
         while self.transport is not None and self.waiting is None:
             try:
                 parsed = parse(self.buffer)
             except BadRequest as bad:
-                self.transport.write(bad.answer)
-                self.transport.close()
+                self._refuse(bad.answer)
                 return
             if parsed is None:
                 return
             request, used = parsed
             del self.buffer[:used]
-            delay, response = self.recorder.answer(request, self.id)
+            try:
+                delay, response = self.recorder.answer(request, self.id)
+            except (ValueError, KeyError, TypeError, OverflowError):  # /slow/x, a bad body
+                self._refuse(FAILED)
+                return
             if delay:
                 loop = asyncio.get_running_loop()
                 self.pending = request
@@ -291,13 +330,35 @@ class Connection(asyncio.Protocol):
         self.recorder.abandoned(request)
         self.recorder.arrived(request, self.id)
         self._send(request, response)
-        self._serve()
+        if self.transport is not None:
+            self.transport.resume_reading()
+            self._serve()
 
     def _send(self, request: Request, response: bytes) -> None:
         assert self.transport is not None
         self.transport.write(response)
         if request.close:
             self.transport.close()
+            self._closing()
+
+    def _refuse(self, answer: bytes) -> None:
+        """Answer ``answer`` and close: half-closed first, so that a client still sending its
+        body reads the answer rather than a reset; closed for good once it closes, or after
+        ``CLOSE_AFTER_SECONDS``."""
+        transport = self.transport
+        assert transport is not None
+        transport.write(answer)
+        if transport.can_write_eof():
+            transport.write_eof()
+            asyncio.get_running_loop().call_later(CLOSE_AFTER_SECONDS, transport.close)
+        else:
+            transport.close()
+        self._closing()
+
+    def _closing(self) -> None:
+        """Nothing more is read or answered on this connection."""
+        self.transport = None
+        self.buffer.clear()
 
 
 async def start(port: int = 0) -> asyncio.Server:

@@ -80,7 +80,7 @@ async def test_the_limited_path_refuses_above_its_limit_with_retry_after(base: s
     assert seen["requests"] == 2
 
 
-async def test_a_connection_lost_while_limited_frees_its_place(base: str) -> None:
+async def test_a_connection_lost_while_limited_frees_its_place_once(base: str) -> None:
     host, port = base.removeprefix("http://").split(":")
     _, writer = await asyncio.open_connection(host, int(port))
     writer.write(b"POST /limited/1 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
@@ -90,8 +90,66 @@ async def test_a_connection_lost_while_limited_frees_its_place(base: str) -> Non
     await writer.wait_closed()
     await asyncio.sleep(0.02)
     async with aiohttp.ClientSession() as session:
-        async with session.post(f"{base}/limited/1", data=b"{}") as response:
+
+        async def post() -> int:
+            async with session.post(f"{base}/limited/1", data=b"{}") as response:
+                return response.status
+
+        # Freed once, not twice: of two at once, one is still refused.
+        assert sorted(await asyncio.gather(post(), post())) == [204, 429]
+        assert (await stats(session, base))["max_in_flight"] == 1
+
+
+async def raw_exchange(base: str, *parts: bytes) -> bytes:
+    """Send ``parts`` on one connection, a moment apart; everything answered until it closes."""
+    host, port = base.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    for part in parts:
+        writer.write(part)
+        await writer.drain()
+        await asyncio.sleep(0.01)
+    answer = await asyncio.wait_for(reader.read(), 5)
+    writer.close()
+    return answer
+
+
+async def test_headers_split_across_reads_in_any_case_and_chunk_extensions_are_read(
+    base: str,
+) -> None:
+    answer = await raw_exchange(
+        base,
+        b"POST /hook HTTP/1.1\r\nHost: x\r\nWeb",
+        b"hook-Id: msg_a\r\nTRANSFER-ENCODING: chunked\r\nConnection: close\r\n\r\n",
+        b"2;name=value\r\n{}\r\n0\r\nX-Trailer: y\r\n\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 204")
+    async with aiohttp.ClientSession() as session:
+        seen = await stats(session, base)
+    assert (seen["requests"], seen["distinct"]) == (1, 1)
+
+
+async def test_a_bad_chunk_size_gets_400_and_the_receiver_goes_on(base: str) -> None:
+    head = b"POST /hook HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for body in (b"-6\r\n", b"0x2\r\n{}\r\n0\r\n\r\n", b"2\r\n{}XX0\r\n\r\n"):
+        assert (await raw_exchange(base, head + body)).startswith(b"HTTP/1.1 400")
+    async with aiohttp.ClientSession() as session:
+        async with session.post(f"{base}/hook", data=b"{}") as response:
             assert response.status == 204
+
+
+async def test_a_request_it_cannot_answer_gets_500_and_is_closed(base: str) -> None:
+    for path in (b"/slow/x", b"/lognormal/0", b"/latency"):
+        request = b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+        assert (await raw_exchange(base, request)).startswith(b"HTTP/1.1 500")
+
+
+async def test_nothing_after_a_request_that_closes_is_read(base: str) -> None:
+    closing = b"POST /hook HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    after = b"POST /hook HTTP/1.1\r\nHost: x\r\nwebhook-id: b\r\nContent-Length: 0\r\n\r\n"
+    answer = await raw_exchange(base, closing + after)
+    assert answer.count(b"HTTP/1.1") == 1
+    async with aiohttp.ClientSession() as session:
+        assert (await stats(session, base))["requests"] == 1
 
 
 async def test_chunked_bodies_and_latency_bodies_are_read(base: str) -> None:
