@@ -9,7 +9,8 @@ Figures, each repeated and reported as a median:
   waiting behind 1,000 held ordering keys;
 - slow: one relay process against receivers answering in 100 ms (fixed, and lognormal around
   it) against the same process and the instant receiver, per round in random order: the ratio
-  of rates per round (median and spread), and peak RSS;
+  of steady rates (the middle 80 % of each drain) and of whole drains' rates per round (median
+  and spread), and peak RSS;
 - pushback: a receiver that takes 20 requests at once and answers 429 with Retry-After to any
   more, beside one that takes all: its 429s per request taken, and the other's time beside it
   against alone;

@@ -174,6 +174,29 @@ async def outbox_wall_seconds(conn: Any) -> float:
     return float(value)
 
 
+# The steady part of a drain: the messages between these fractions of the drain's outcomes.
+STEADY_FROM, STEADY_TO = 0.1, 0.9
+
+
+async def outbox_steady_rate(conn: Any) -> float:
+    """Messages per second between the outcome writes of the drain's first 10 % and its last
+    10 % (by ``processed_at``): its rate once started and before its last, slowest requests,
+    what a process delivers while a backlog lasts, without its start (an endpoint's limit of
+    requests in flight growing from 16) and its end (the last batch waiting for its slowest
+    answer)."""
+    row = await conn.fetchrow(
+        "WITH marks AS (SELECT percentile_disc($1::float8) WITHIN GROUP (ORDER BY processed_at)"
+        " AS low, percentile_disc($2::float8) WITHIN GROUP (ORDER BY processed_at) AS high"
+        " FROM outbox_messages)"
+        " SELECT count(*) FILTER (WHERE m.processed_at > low AND m.processed_at <= high) AS n,"
+        " extract(epoch FROM high - low)::float8 AS seconds"
+        " FROM outbox_messages m, marks GROUP BY low, high",
+        STEADY_FROM,
+        STEADY_TO,
+    )
+    return float(row["n"]) / row["seconds"] if row["seconds"] else 0.0
+
+
 @dataclass
 class ReceiverStats:
     requests: int

@@ -31,6 +31,7 @@ from bench.common import (
     enqueue_outbox,
     log,
     outbox_counts,
+    outbox_steady_rate,
     outbox_wall_seconds,
     settle,
 )
@@ -68,6 +69,8 @@ class RunResult:
     # WAL bytes the enqueue and the drain wrote; the drain's by record type (relay only).
     wal_bytes: dict[str, int]
     wal_record_types: dict[str, dict[str, int]] | None = None
+    # Messages per second in the drain's middle 80 % (``outbox_steady_rate``; outbox contenders).
+    steady_rate: float | None = None
 
 
 def run_worker(contender: str, url: str, database_url: str, options: Options) -> dict[str, Any]:
@@ -165,12 +168,22 @@ async def database_wall_seconds(contender: str, db: Database, messages: int) -> 
         await conn.close()
 
 
+async def steady_rate(db: Database) -> float:
+    """The drain's rate in its middle 80 % (``bench.common.outbox_steady_rate``)."""
+    conn = await db.connect()
+    try:
+        return round(await outbox_steady_rate(conn), 1)
+    finally:
+        await conn.close()
+
+
 async def run_one(
     contender: str, round_: int, receiver: ReceiverProcess, options: Options
 ) -> RunResult:
     await receiver.reset()
     wal = {"enqueue": 0, "drain": 0}
     record_types = None
+    steady = None
     async with Database(contender) as db:
         if contender != "raw":
             wal["enqueue"] = await prepare(contender, db, options.messages)
@@ -198,6 +211,8 @@ async def run_one(
             wall = float(worker["wall_seconds"])
         else:
             wall = await database_wall_seconds(contender, db, options.messages)
+            if contender in OUTBOX_CONTENDERS:
+                steady = await steady_rate(db)
     result = RunResult(
         contender=contender,
         round=round_,
@@ -211,6 +226,7 @@ async def run_one(
         cpu_seconds=cpu,
         wal_bytes=wal,
         wal_record_types=record_types,
+        steady_rate=steady,
     )
     log(
         f"throughput {contender} round {round_}: {result.rate:,.0f} msg/s "
