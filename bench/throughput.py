@@ -168,15 +168,6 @@ async def database_wall_seconds(contender: str, db: Database, messages: int) -> 
         await conn.close()
 
 
-async def steady_rate(db: Database) -> float:
-    """The drain's rate in its middle 80 % (``bench.common.outbox_steady_rate``)."""
-    conn = await db.connect()
-    try:
-        return round(await outbox_steady_rate(conn), 1)
-    finally:
-        await conn.close()
-
-
 async def run_one(
     contender: str, round_: int, receiver: ReceiverProcess, options: Options
 ) -> RunResult:
@@ -195,6 +186,8 @@ async def run_one(
             cpu = {"worker": worker["cpu_seconds"], **meter.stop()}
             end = await wal_lsn(conn)
             wal["drain"] = await wal_bytes(conn, start, end)
+            if contender in OUTBOX_CONTENDERS:
+                steady = round(await outbox_steady_rate(conn), 1)
         finally:
             await conn.close()
         if contender != "raw":
@@ -211,8 +204,6 @@ async def run_one(
             wall = float(worker["wall_seconds"])
         else:
             wall = await database_wall_seconds(contender, db, options.messages)
-            if contender in OUTBOX_CONTENDERS:
-                steady = await steady_rate(db)
     result = RunResult(
         contender=contender,
         round=round_,
