@@ -17,7 +17,7 @@ from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from outbox import store
 from outbox.core import requests
@@ -42,7 +42,7 @@ from outbox.hosting.runenv import load_run_env
 from outbox.producer.core import enqueue
 from outbox.relay.batch import endpoint_names
 from outbox.relay.runtime import Relay
-from outbox.store import entra, operations, operator, partitions
+from outbox.store import entra, grants, operations, operator, partitions
 from outbox.store.migrate import (
     DEFAULT_MAX_LOCK_WAIT_SECONDS,
     LOCK_TIMEOUT_SECONDS,
@@ -132,6 +132,35 @@ def build_parser() -> argparse.ArgumentParser:
             "(hourly: for retentions of hours; with days of retention the relay's database "
             "CPU per message grows several-fold, docs/partitioning.md)"
         ),
+    )
+    grant_cmd = commands.add_parser(
+        "grant",
+        help="make the relay's own database role where missing and grant it what it needs",
+        description=(
+            "Run by the role that migrated (the tables' owner), after migrate. On Azure Database "
+            "for PostgreSQL with Microsoft Entra sign-in, the role is the app identity's, made "
+            "with pgaadauth_create_principal(_with_oid); elsewhere CREATE ROLE … LOGIN. "
+            "Idempotent: run it again after any change."
+        ),
+    )
+    grant_cmd.add_argument(
+        "role", help="the role the relay signs in as (on Azure: its identity's name)"
+    )
+    grant_cmd.add_argument(
+        "--entra-object-id",
+        metavar="ID",
+        help="the Microsoft Entra principal's object id (a managed identity's principal id)",
+    )
+    grant_cmd.add_argument(
+        "--entra-type",
+        choices=grants.ENTRA_TYPES,
+        default="service",
+        help="with --entra-object-id: the principal's kind (service: a managed identity or app)",
+    )
+    grant_cmd.add_argument(
+        "--no-default-privileges",
+        action="store_true",
+        help="grant on today's tables only (then run grant again after each migrate)",
     )
     drain = commands.add_parser("drain", help="deliver every due message once")
     drain.add_argument(
@@ -430,9 +459,31 @@ async def run_show(conn: Any, settings: Settings, args: argparse.Namespace) -> i
     return EXIT_OK
 
 
+async def run_grant(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    url = settings.database_url.get_secret_value()
+
+    async def other_database(name: str) -> Any:
+        return await store.connect(
+            urlunsplit(urlsplit(url)._replace(path=f"/{name}")),
+            password=entra.for_settings(settings),
+        )
+
+    report = await grants.grant(
+        conn,
+        args.role,
+        other_database=other_database,
+        entra_object_id=args.entra_object_id,
+        entra_type=args.entra_type,
+        default_privileges=not args.no_default_privileges,
+    )
+    emit(report.as_dict())
+    return EXIT_OK
+
+
 ConnectionCommand = Callable[[Any, Settings, argparse.Namespace], Awaitable[int]]
 CONNECTION_COMMANDS: dict[str, ConnectionCommand] = {
     "migrate": run_migrate,
+    "grant": run_grant,
     "enqueue": run_enqueue,
     "status": run_status,
     "requeue": run_requeue,

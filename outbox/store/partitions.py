@@ -524,24 +524,16 @@ def _uncovered(
 async def _attach_new(
     conn: store.Connection, table: str, name: str, lower: datetime, upper: datetime
 ) -> None:
-    key = "created_at" if table == MESSAGES else "recorded_at"
-    where = f"{key} >= '{lower.isoformat()}' AND {key} < '{upper.isoformat()}'"
+    # As the tables' owner (migration 0021): the relay's role may not make tables.
     async with conn.transaction():
         await _lock_timeout(conn)
-        await _execute(
+        await _fetchval(
             conn,
-            f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)"
-            + _storage(table),
-        )
-        await _execute(
-            conn,
-            f"WITH moved AS (DELETE FROM {table}_default WHERE {where} RETURNING *) "
-            f"INSERT INTO {name} SELECT * FROM moved",
-        )
-        await _execute(
-            conn,
-            f"ALTER TABLE {table} ATTACH PARTITION {name} "
-            f"FOR VALUES FROM ('{lower.isoformat()}') TO ('{upper.isoformat()}')",
+            "SELECT outbox_make_partition($1::regclass, $2, $3, $4)",
+            table,
+            name,
+            lower,
+            upper,
         )
 
 
@@ -549,11 +541,8 @@ async def _attach_new(
 # the conversion) on the partitioned layout, where the drop of a partition reads it for live rows.
 PROCESSED_INDEX = "outbox_messages_processed_idx"
 _ON_PROCESSED = "ON outbox_messages (processed_at) WHERE status = 'Processed'"
-_LIVE = """
-    status IN ('Pending', 'Processing')
-    OR (status = 'Processed' AND processed_at >= $1)
-    OR (status = 'Failed' AND ($2::timestamptz IS NULL OR created_at >= $2::timestamptz))
-"""
+# What a partition's drop carries over (migration 0021 holds the rule).
+_LIVE = "outbox_message_is_live(status, processed_at, created_at, $1, $2::timestamptz)"
 
 
 async def maintain(
@@ -595,27 +584,41 @@ async def maintain(
             )
             continue
 
-        async def drop(conn: store.Connection, name: str = part.name) -> int:
-            async with conn.transaction():
-                await _lock_timeout(conn, DROP_LOCK_TIMEOUT_SECONDS)
-                await _execute(conn, f"ALTER TABLE outbox_messages DETACH PARTITION {name}")
-                carried = await _execute_count(
-                    conn,
-                    f"INSERT INTO outbox_messages SELECT * FROM {name} WHERE {_LIVE}",
-                    cutoff,
-                    failed_cutoff,
-                )
-                await _execute(conn, f"DROP TABLE {name}")
-                return carried
-
         report.rows_carried += await migrations.retrying(
-            conn, f"dropping partition {part.name}", max_lock_wait, drop
+            conn,
+            f"dropping partition {part.name}",
+            max_lock_wait,
+            functools.partial(
+                _drop, table=MESSAGES, name=part.name, cutoffs=(cutoff, failed_cutoff)
+            ),
         )
         report.dropped.append(part.name)
     report.default_rows_deleted = await _purge_default(conn, cutoff, failed_cutoff, batch_size)
     await _drop_attempts(conn, cutoff, max_lock_wait, report)
     report.ids_released = await _release_ids(conn, batch_size)
     return report
+
+
+async def _drop(
+    conn: store.Connection,
+    table: str,
+    name: str,
+    cutoffs: tuple[datetime | None, datetime | None] = (None, None),
+    kept_ids: list[uuid.UUID] | None = None,
+) -> int:
+    """Detach and drop one partition past retention, as the tables' owner (migration 0021),
+    carrying over its live messages (``cutoffs``) or the history of ``kept_ids``."""
+    async with conn.transaction():
+        await _lock_timeout(conn, DROP_LOCK_TIMEOUT_SECONDS)
+        carried: int = await _fetchval(
+            conn,
+            "SELECT outbox_drop_partition($1::regclass, $2, $3, $4, $5)",
+            table,
+            name,
+            *cutoffs,
+            kept_ids,
+        )
+        return carried
 
 
 async def _purge_default(
@@ -666,20 +669,12 @@ async def _drop_attempts(
             report.kept.append({"name": part.name, "messages_over": ATTEMPTS_CARRY_LIMIT})
             continue
 
-        async def drop(conn: store.Connection, name: str = part.name, ids: Any = kept_ids) -> int:
-            async with conn.transaction():
-                await _lock_timeout(conn, DROP_LOCK_TIMEOUT_SECONDS)
-                await _execute(conn, f"ALTER TABLE outbox_attempts DETACH PARTITION {name}")
-                carried = await _execute_count(
-                    conn,
-                    f"INSERT INTO outbox_attempts SELECT * FROM {name} "
-                    "WHERE outbox_message_id = ANY ($1::uuid[])",
-                    ids or [],
-                )
-                await _execute(conn, f"DROP TABLE {name}")
-                return carried
-
-        await migrations.retrying(conn, f"dropping partition {part.name}", max_lock_wait, drop)
+        await migrations.retrying(
+            conn,
+            f"dropping partition {part.name}",
+            max_lock_wait,
+            functools.partial(_drop, table=ATTEMPTS, name=part.name, kept_ids=kept_ids or []),
+        )
         report.dropped.append(part.name)
 
 
