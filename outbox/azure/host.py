@@ -13,6 +13,7 @@ import asyncio
 from collections.abc import Callable
 
 from outbox.core.settings import Settings
+from outbox.core.telemetry import configure
 from outbox.relay.runtime import Relay, tune_garbage_collector
 
 
@@ -44,6 +45,9 @@ class FunctionsHost:
                 self._relay = None
             if self._relay is None:
                 tune_garbage_collector()  # the worker process hosts the relay
+                # Under the Functions host, which sends the logs to Application Insights itself
+                # (no setting tells it on every plan: Flex deprecates FUNCTIONS_WORKER_RUNTIME).
+                configure(functions_host=True)
                 self._relay = await Relay.open(self.settings)
             return self._relay
 

@@ -416,12 +416,18 @@ _configured: str | None = None
 _prometheus = False
 
 
-def configure(environ: Mapping[str, str] | None = None, *, prometheus: bool = False) -> str | None:
+def configure(
+    environ: Mapping[str, str] | None = None,
+    *,
+    prometheus: bool = False,
+    functions_host: bool = False,
+) -> str | None:
     """Set up an OpenTelemetry SDK where the environment asks for one, once per process.
 
     - ``APPLICATIONINSIGHTS_CONNECTION_STRING`` set and ``azure-monitor-opentelemetry`` installed
-      (the ``azure-monitor`` extra): ``configure_azure_monitor()``; under the Functions host the
-      logs are left to the host, which sends them to Application Insights already.
+      (the ``azure-monitor`` extra): ``configure_azure_monitor()``; with ``functions_host`` (the
+      Functions wiring says so: no setting tells it on every plan) the logs are left to the host,
+      which sends them to Application Insights already.
     - else ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set and the
       OTLP exporter installed (the ``otlp`` extra): the SDK's tracer and meter providers with OTLP
       over HTTP, configured by the standard ``OTEL_*`` variables.
@@ -443,7 +449,7 @@ def configure(environ: Mapping[str, str] | None = None, *, prometheus: bool = Fa
         return None  # the application configured its own SDK: use it as it is
     readers = _prometheus_readers() if prometheus else []
     if env.get("APPLICATIONINSIGHTS_CONNECTION_STRING"):
-        _configured = _azure_monitor(env, readers)
+        _configured = _azure_monitor(env, readers, functions_host=functions_host)
     elif env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
         _configured = _otlp(env, readers)
     if _configured is None and readers:
@@ -478,7 +484,9 @@ def prometheus_text() -> tuple[bytes, str] | None:
     return prometheus_client.generate_latest(), prometheus_client.CONTENT_TYPE_LATEST
 
 
-def _azure_monitor(env: Mapping[str, str], readers: list[Any]) -> str | None:
+def _azure_monitor(
+    env: Mapping[str, str], readers: list[Any], *, functions_host: bool
+) -> str | None:
     try:
         from azure.monitor.opentelemetry import configure_azure_monitor
     except ImportError:
@@ -489,10 +497,9 @@ def _azure_monitor(env: Mapping[str, str], readers: list[Any]) -> str | None:
             AZURE_MONITOR_EXTRA,
         )
         return None
-    under_functions_host = bool(env.get("FUNCTIONS_WORKER_RUNTIME"))
     configure_azure_monitor(
         connection_string=env["APPLICATIONINSIGHTS_CONNECTION_STRING"],
-        disable_logging=under_functions_host,
+        disable_logging=functions_host,
         **({"metric_readers": readers} if readers else {}),
     )
     return "azure-monitor"
