@@ -118,6 +118,8 @@ class Expressions:
             "min": min,
             "max": max,
             "div": lambda a, b: math.trunc(a / b),
+            "sub": lambda a, b: a - b,
+            "less": lambda a, b: a < b,
             "mul": lambda a, b: a * b,
             "string": lambda v: str(v).lower() if isinstance(v, bool) else str(v),
             "format": lambda text, *args: re.sub(
@@ -126,8 +128,10 @@ class Expressions:
             "equals": lambda a, b: a == b,
             "not": lambda a: not a,
             "and": lambda *a: all(a),
+            "or": lambda *a: any(a),
+            "null": lambda: None,
+            "json": _json,
             "empty": lambda v: not v,
-            "if": lambda c, a, b: a if c else b,
             "createArray": lambda *a: list(a),
             "toLower": str.lower,
             "replace": str.replace,
@@ -137,6 +141,7 @@ class Expressions:
                 "location": "westeurope",
             },
             "subscription": lambda: {"tenantId": "<tenant>", "subscriptionId": "s"},
+            "deployer": lambda: dict(DEPLOYER),
             "environment": lambda: {
                 "suffixes": {"storage": "core.windows.net", "keyvaultDns": ".vault.azure.net"}
             },
@@ -164,27 +169,70 @@ class Expressions:
 
     def evaluate(self, text: str) -> Any:
         tokens = [m for m in _TOKEN.finditer(text) if m.group().strip()]
-        result, rest = self._expression(tokens)
+        tree, rest = _parse(tokens)
         assert not rest, f"unparsed: {text}"
-        return result
+        return self._run(tree)
 
-    def _expression(self, tokens: list[re.Match[str]]) -> tuple[Any, list[re.Match[str]]]:
-        head, rest = tokens[0], tokens[1:]
-        if head["number"] is not None:
-            value: Any = int(head["number"])
-        elif head["string"] is not None:
-            value = head["string"].replace("''", "'")
+    def _run(self, node: Any) -> Any:
+        """Evaluate a parsed expression; ``if`` evaluates only the branch it takes, as ARM does
+        (the template's checks rely on it)."""
+        kind = node[0]
+        if kind == "literal":
+            return node[1]
+        if kind == "member":
+            value = self._run(node[1])
+            key = node[2] if isinstance(node[2], str) else self._run(node[2])
+            return value[key]
+        name, args = node[1], node[2]
+        if name == "if":
+            condition, then, otherwise = args
+            return self._run(then if self._run(condition) else otherwise)
+        return self.functions[name](*(self._run(arg) for arg in args))
+
+
+class TemplateError(Exception):
+    """What ARM would stop the deployment with."""
+
+
+# Who deploys, as ``deployer()`` answers for the tests.
+DEPLOYER = {
+    "objectId": "<deployer object id>",
+    "tenantId": "<tenant>",
+    "userPrincipalName": "me@x.io",
+}
+
+
+def _json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        raise TemplateError(f"json() of invalid JSON: {text}") from None
+
+
+def _parse(tokens: list[re.Match[str]]) -> tuple[Any, list[re.Match[str]]]:
+    """One expression of ``tokens``: ``("literal", value)``, ``("call", name, [args])`` or
+    ``("member", of, name or index expression)``; and the tokens after it."""
+    head, rest = tokens[0], tokens[1:]
+    node: Any
+    if head["number"] is not None:
+        node = ("literal", int(head["number"]))
+    elif head["string"] is not None:
+        node = ("literal", head["string"].replace("''", "'"))
+    else:
+        if not rest or rest[0]["punct"] != "(":
+            raise ValueError(f"not a call: {head.group()}")
+        args, rest = [], rest[1:]
+        while rest[0]["punct"] != ")":
+            arg, rest = _parse(rest)
+            args.append(arg)
+            if rest[0]["punct"] == ",":
+                rest = rest[1:]
+        node, rest = ("call", head["name"], args), rest[1:]
+    while rest and rest[0]["punct"] in (".", "["):
+        if rest[0]["punct"] == ".":
+            node, rest = ("member", node, rest[1]["name"]), rest[2:]
         else:
-            if not rest or rest[0]["punct"] != "(":
-                raise ValueError(f"not a call: {head.group()}")
-            args, rest = [], rest[1:]
-            while rest[0]["punct"] != ")":
-                arg, rest = self._expression(rest)
-                args.append(arg)
-                if rest[0]["punct"] == ",":
-                    rest = rest[1:]
-            rest = rest[1:]
-            value = self.functions[head["name"]](*args)
-        while rest and rest[0]["punct"] == ".":
-            value, rest = value[rest[1]["name"]], rest[2:]
-        return value, rest
+            index, rest = _parse(rest[1:])
+            assert rest[0]["punct"] == "]"
+            node, rest = ("member", node, index), rest[1:]
+    return node, rest

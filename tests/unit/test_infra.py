@@ -13,7 +13,7 @@ import pytest
 
 from outbox.core.settings import DEFAULT_QUEUE_NAME, Settings, env_name
 from outbox.core.telemetry import Backlog
-from tests.support import arm
+from tests.support import arm, indexing
 from tests.support.telemetry import Sdk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -163,18 +163,81 @@ def test_the_wake_up_queue_is_the_relays_default_and_has_its_poison_queue() -> N
     assert app_settings(queueName="orders-wakeup")["OUTBOX_QUEUE_NAME"] == "orders-wakeup"
 
 
-@pytest.mark.parametrize("pool", [2, 3, 4, 7, 10, 100])
-@pytest.mark.parametrize("connections", [2, 5, 40, 97, 400, 5000])
-def test_instances_times_pool_size_stay_within_the_connections_allowed(
-    pool: int, connections: int
-) -> None:
-    values = expressions(dbPoolSize=pool, maxDatabaseConnections=connections)
+# Flex Consumption scales each scale group on its own: the HTTP functions together, every other
+# function alone (tests/platform/flex-consumption.json, "scaleGroups").
+def scale_groups() -> set[str]:
+    groups = set()
+    for name, bindings in indexing.EXPECTED.items():
+        groups.add("http" if bindings[0]["type"] == "httpTrigger" else f"function:{name}")
+    return groups
+
+
+def site_config(**parameters: Any) -> dict[str, Any]:
     [site] = resources("Microsoft.Web/sites")
-    config = values.value(site["properties"]["functionAppConfig"])
-    instances = config["scaleAndConcurrency"]["maximumInstanceCount"]
-    assert instances * pool <= connections
-    assert instances == min(1000, connections // pool)  # no lower than it need be
-    assert app_settings(dbPoolSize=pool)["OUTBOX_DB_POOL_SIZE"] == str(pool)
+    config: dict[str, Any] = expressions(**parameters).value(
+        site["properties"]["functionAppConfig"]
+    )
+    return config
+
+
+def test_the_template_counts_every_scale_group_the_app_has() -> None:
+    assert scale_groups() == {
+        "http",
+        "function:outbox_queue",
+        "function:outbox_timer",
+        "function:outbox_purge",
+    }
+    assert TEMPLATE["variables"]["scaleGroups"] == len(scale_groups())
+
+
+@pytest.mark.parametrize("pool", [2, 3, 4, 7, 100])
+@pytest.mark.parametrize("connections", [8, 40, 97, 400, 640, 5000])
+@pytest.mark.parametrize("sku", sorted(TEMPLATE["variables"]["postgresSkus"]))
+def test_the_worst_case_of_connections_stays_within_the_server(
+    pool: int, connections: int, sku: str
+) -> None:
+    """Every scale group at its maximum instance count, every instance's pool full: never more
+    than the relay's share, nor than the server's user connections less the others'."""
+    user = TEMPLATE["variables"]["postgresSkus"][sku]["userConnections"]
+    for create in (True, False):
+        given = {
+            "dbPoolSize": pool,
+            "maxDatabaseConnections": connections,
+            "postgresSkuName": sku,
+            "createPostgresServer": create,
+            "databaseHost": "db.example.org",
+            "lowestMaximumInstanceCount": 1,
+        }
+        values = expressions(**given)
+        share = min(connections, user - 100) if create else connections
+        if share < 8:  # fewer than two connections per scale group: refused at the start
+            with pytest.raises(arm.TemplateError, match="fewer than 2 for each of its 4"):
+                site_config(**given)
+            continue
+        instances = site_config(**given)["scaleAndConcurrency"]["maximumInstanceCount"]
+        pool_size = int(app_settings(**given)["OUTBOX_DB_POOL_SIZE"])
+        assert 1 <= instances <= 1000
+        assert 2 <= pool_size <= pool
+        worst = len(scale_groups()) * instances * pool_size
+        assert worst <= connections
+        if create:
+            assert worst <= user - values.parameters["otherDatabaseConnections"]
+
+
+def test_the_defaults_give_every_scale_group_the_lowest_maximum_flex_takes() -> None:
+    config = site_config()["scaleAndConcurrency"]
+    assert config["maximumInstanceCount"] == 40  # 640 = 4 groups * 40 instances * 4
+    assert app_settings()["OUTBOX_DB_POOL_SIZE"] == "4"
+    sku = TEMPLATE["variables"]["postgresSkus"][expressions().parameters["postgresSkuName"]]
+    assert sku["userConnections"] >= 4 * 40 * 4 + 100
+
+
+def test_a_budget_below_the_lowest_maximum_fails_at_the_start_saying_why() -> None:
+    with pytest.raises(arm.TemplateError, match="maxDatabaseConnections allows 2 instances"):
+        site_config(maxDatabaseConnections=40)
+    # Where Microsoft allows lower maxima, the user says so and it deploys.
+    low = site_config(maxDatabaseConnections=40, lowestMaximumInstanceCount=1)
+    assert low["scaleAndConcurrency"]["maximumInstanceCount"] == 2
 
 
 # --- Identity, not keys -----------------------------------------------------------------------
@@ -209,17 +272,40 @@ def test_the_plan_is_flex_consumption_running_python() -> None:
     assert "FUNCTIONS_WORKER_RUNTIME" not in app_settings()  # Flex takes the runtime from the plan
 
 
+def role_deployment() -> dict[str, Any]:
+    [deployment] = resources("Microsoft.Resources/deployments")
+    return deployment
+
+
 def test_the_role_assignments_are_exactly_the_least_privileged_ones() -> None:
-    given = {}
-    for assignment in resources("Microsoft.Authorization/roleAssignments"):
+    deployment = role_deployment()
+    inner = deployment["properties"]["template"]
+    # The identity's principal id reaches the nested template as a parameter, so that each
+    # assignment's name can derive from it (a name cannot read reference() in the outer one).
+    given = deployment["properties"]["parameters"]["given"]["value"]
+    assert given["principalId"].startswith(f"[reference({IDENTITY[1:-1]}")
+    assert given["principalId"].endswith(".principalId]")
+    assigned = {}
+    for assignment in inner["resources"]:
+        assert assignment["type"] == "Microsoft.Authorization/roleAssignments"
         properties = assignment["properties"]
-        [role] = re.findall(r"roles'\)\.(\w+)", properties["roleDefinitionId"])
+        [role] = re.findall(r"roles\.(\w+)", properties["roleDefinitionId"])
         role_id = TEMPLATE["variables"]["roles"][role]
         [scope_kind] = re.findall(r"resourceId\('([^']+)'", assignment["scope"])
-        given[role_id] = (ROLES.get(role_id, ("?",))[0], scope_kind)
+        assigned[role_id] = (ROLES.get(role_id, ("?",))[0], scope_kind)
         assert properties["principalType"] == "ServicePrincipal"
-        assert properties["principalId"].startswith(f"[reference({IDENTITY[1:-1]}")
-    assert given == ROLES
+        assert properties["principalId"] == "[parameters('given').principalId]"
+        assert "parameters('given').principalId" in assignment["name"]
+        assert role in assignment["name"]
+    assert assigned == ROLES
+    [site] = resources("Microsoft.Web/sites")
+    assert any("Microsoft.Resources/deployments" in d for d in site["dependsOn"])
+
+
+def test_the_role_assignments_are_valid_by_microsofts_schemas() -> None:
+    inner = role_deployment()["properties"]["template"]
+    assert arm.errors(inner, arm.TEMPLATE_SCHEMA) == []
+    assert [e for r in inner["resources"] for e in arm.resource_errors(r)] == []
 
 
 def test_the_outputs_name_the_role_a_producer_needs() -> None:
@@ -272,7 +358,7 @@ def test_the_secret_parameters_go_only_into_key_vault() -> None:
 @pytest.mark.parametrize("auth", ["entra", "password"])
 def test_the_secret_settings_are_key_vault_references_or_hold_no_password(auth: str) -> None:
     settings = app_settings(databaseAuth=auth)
-    vault = "https://outbox-uuuuuuuuuuuuu.vault.azure.net/secrets/"
+    vault = "https://kvuuuuuuuuuuuuu.vault.azure.net/secrets/"
     assert settings["OUTBOX_WEBHOOKS"] == f"@Microsoft.KeyVault(SecretUri={vault}outbox-webhooks/)"
     url = settings["OUTBOX_DATABASE_URL"]
     if auth == "password":
@@ -287,7 +373,7 @@ def test_the_secret_settings_are_key_vault_references_or_hold_no_password(auth: 
 def test_postgres_when_made_takes_microsoft_entra_sign_in_only() -> None:
     [server] = resources("Microsoft.DBforPostgreSQL/flexibleServers")
     assert server["condition"] == "[parameters('createPostgresServer')]"
-    assert TEMPLATE["parameters"]["createPostgresServer"]["defaultValue"] is False
+    assert TEMPLATE["parameters"]["createPostgresServer"]["defaultValue"] is True
     assert server["properties"]["authConfig"]["passwordAuth"] == "Disabled"
     assert server["properties"]["authConfig"]["activeDirectoryAuth"] == "Enabled"
     assert "administratorLogin" not in server["properties"]
@@ -303,20 +389,204 @@ def test_logs_and_insights_take_microsoft_entra_sign_in_only() -> None:
     assert insights["properties"]["DisableLocalAuth"] is True
 
 
+def alert(key: str) -> dict[str, Any]:
+    [rule] = [
+        r
+        for r in resources("Microsoft.Insights/scheduledQueryRules")
+        if f"-{key}-" in expressions().value(r["name"])
+    ]
+    return rule
+
+
+def condition_of(rule: dict[str, Any], **parameters: Any) -> dict[str, Any]:
+    [condition] = expressions(**parameters).value(rule["properties"]["criteria"]["allOf"])
+    return dict(condition)
+
+
 def test_the_backlog_alert_reads_the_gauge_the_relay_emits() -> None:
     sdk = Sdk.start()
     telemetry = sdk.telemetry()
     telemetry.record_backlog(Backlog(counts={"Pending": 3}, oldest_unpublished_age_seconds=1200.0))
     [point] = sdk.points("outbox.backlog.oldest_unpublished_age")
     assert point.value == 1200.0
-    [rule] = resources("Microsoft.Insights/scheduledQueryRules")
-    [condition] = rule["properties"]["criteria"]["allOf"]
-    query = expressions().value(condition["query"])
-    assert "where name == 'outbox.backlog.oldest_unpublished_age'" in query
-    assert condition["metricMeasureColumn"] in query
+    condition = condition_of(alert("backlog-age"))
+    assert "where name == 'outbox.backlog.oldest_unpublished_age'" in condition["query"]
+    assert condition["metricMeasureColumn"] in condition["query"]
     assert (condition["operator"], condition["timeAggregation"]) == ("GreaterThan", "Maximum")
     # One threshold for the alert and for `status`'s healthy/unhealthy.
-    assert expressions(alertOldestPendingSeconds=600).value(condition["threshold"]) == 600
+    assert condition_of(alert("backlog-age"), alertOldestPendingSeconds=600)["threshold"] == 600
     assert (
         app_settings(alertOldestPendingSeconds=600)["OUTBOX_ALERT_OLDEST_PENDING_SECONDS"] == "600"
+    )
+
+
+def test_an_app_that_stops_reporting_raises_an_alert() -> None:
+    # The timer sweep records the gauge every five minutes: none in twenty is a relay down.
+    rule = alert("sweeps-missing")
+    condition = condition_of(rule)
+    assert "where name == 'outbox.backlog.oldest_unpublished_age'" in condition["query"]
+    assert "summarize points = count()" in condition["query"]  # a row even when none came
+    assert (condition["operator"], condition["threshold"]) == ("LessThan", 1)
+    assert rule["properties"]["windowSize"] == "PT20M"
+    schedule = indexing.EXPECTED["outbox_timer"][0]["schedule"]
+    assert schedule == "0 */5 * * * *"
+
+
+def test_failing_invocations_raise_an_alert() -> None:
+    condition = condition_of(alert("failures"))
+    assert "requests" in condition["query"]
+    assert "success == false" in condition["query"]
+    assert "cloud_RoleName =~ 'outbox-uuuuuuuuuuuuu'" in condition["query"]  # the app's name
+    assert (condition["operator"], condition["threshold"]) == ("GreaterThan", 0)
+
+
+def test_every_alert_mails_the_action_group_when_one_is_given() -> None:
+    for rule in resources("Microsoft.Insights/scheduledQueryRules"):
+        actions = expressions(alertEmail="oncall@x.io").value(rule["properties"]["actions"])
+        assert len(actions["actionGroups"]) == 1
+        assert expressions().value(rule["properties"]["actions"]) == {"actionGroups": []}
+
+
+def test_logs_of_the_app_the_vault_the_queue_and_the_server_go_to_the_workspace() -> None:
+    scopes = {
+        re.findall(r"resourceId\('([^']+)'", r["scope"])[0]
+        for r in resources("Microsoft.Insights/diagnosticSettings")
+    }
+    assert scopes == {
+        "Microsoft.Web/sites",
+        "Microsoft.KeyVault/vaults",
+        "Microsoft.Storage/storageAccounts/queueServices",
+        "Microsoft.DBforPostgreSQL/flexibleServers",
+    }
+
+
+# --- Networks and production defaults ---------------------------------------------------------
+
+
+def public_access(**parameters: Any) -> dict[str, str]:
+    values = expressions(**parameters)
+    [account] = resources("Microsoft.Storage/storageAccounts")
+    [vault] = resources("Microsoft.KeyVault/vaults")
+    [server] = resources("Microsoft.DBforPostgreSQL/flexibleServers")
+    return {
+        "storage": values.value(account["properties"]["publicNetworkAccess"]),
+        "vault": values.value(vault["properties"]["publicNetworkAccess"]),
+        "postgres": values.value(server["properties"]["network"]["publicNetworkAccess"]),
+    }
+
+
+def private_endpoints(**parameters: Any) -> dict[str, list[str]]:
+    values = expressions(**parameters)
+    made: dict[str, list[str]] = {}
+    for endpoint in resources("Microsoft.Network/privateEndpoints"):
+        if not values.value(endpoint["condition"]):
+            continue
+        [link] = endpoint["properties"]["privateLinkServiceConnections"]
+        kind = re.findall(r"resourceId\('([^']+)'", link["properties"]["privateLinkServiceId"])[0]
+        made.setdefault(kind, []).extend(link["properties"]["groupIds"])
+    return made
+
+
+def test_by_default_storage_the_vault_and_postgres_are_reached_privately() -> None:
+    assert public_access() == {"storage": "Disabled", "vault": "Disabled", "postgres": "Disabled"}
+    assert private_endpoints() == {
+        "Microsoft.Storage/storageAccounts": ["blob", "queue"],
+        "Microsoft.KeyVault/vaults": ["vault"],
+        "Microsoft.DBforPostgreSQL/flexibleServers": ["postgresqlServer"],
+    }
+    [site] = resources("Microsoft.Web/sites")
+    subnet = expressions().value(site["properties"]["virtualNetworkSubnetId"])
+    assert subnet == "<id Microsoft.Network/virtualNetworks/subnets outbox-vnet-uuuuuuuuuuuuu/app>"
+    [network] = resources("Microsoft.Network/virtualNetworks")
+    [app_subnet] = [s for s in network["properties"]["subnets"] if "appSubnet" in s["name"]]
+    [delegation] = app_subnet["properties"]["delegations"]
+    assert delegation["properties"]["serviceName"] == "Microsoft.App/environments"  # Flex's
+    zones = {expressions().value(z["name"]) for z in resources("Microsoft.Network/privateDnsZones")}
+    assert zones == {
+        "privatelink.blob.core.windows.net",
+        "privatelink.queue.core.windows.net",
+        "privatelink.vaultcore.azure.net",
+        "privatelink.postgres.database.azure.com",
+    }
+
+
+def test_postgres_admits_the_admins_address_and_never_every_azure_tenant_on_a_network() -> None:
+    assert public_access(clientIpAddress="203.0.113.7")["postgres"] == "Enabled"
+    rules = {
+        expressions().value(r["name"]).rsplit("/", 1)[1]: r
+        for r in resources("Microsoft.DBforPostgreSQL/flexibleServers/firewallRules")
+    }
+    assert set(rules) == {"AllowAzureServices", "ClientIpAddress"}
+    everyone = rules["AllowAzureServices"]["condition"]
+    assert not expressions().value(everyone)  # vnetEnabled (the default): not made
+    # Without a network, Flex Consumption has no fixed outbound address: Azure's is admitted.
+    assert expressions(vnetEnabled=False).value(everyone)
+    assert public_access(vnetEnabled=False) == {
+        "storage": "Enabled",
+        "vault": "Enabled",
+        "postgres": "Enabled",
+    }
+    assert private_endpoints(vnetEnabled=False) == {}
+
+
+def test_high_availability_and_backups_are_parameters() -> None:
+    [server] = resources("Microsoft.DBforPostgreSQL/flexibleServers")
+    given = {
+        "postgresSkuName": "Standard_D2ds_v5",
+        "postgresHighAvailability": "ZoneRedundant",
+        "postgresBackupRetentionDays": 35,
+        "postgresGeoRedundantBackup": "Enabled",
+    }
+    properties = expressions(**given).value(server["properties"])
+    assert properties["highAvailability"] == {"mode": "ZoneRedundant"}
+    assert properties["backup"] == {"backupRetentionDays": 35, "geoRedundantBackup": "Enabled"}
+    assert expressions(**given).value(server["sku"]) == {
+        "name": "Standard_D2ds_v5",
+        "tier": "GeneralPurpose",
+    }
+    # A standby on a Burstable server is refused at the start, saying why.
+    with pytest.raises(arm.TemplateError, match="postgresHighAvailability needs"):
+        expressions(postgresHighAvailability="SameZone").value(server["properties"])
+
+
+def test_the_vault_keeps_deleted_secrets_and_gets_a_new_name_when_asked() -> None:
+    [vault] = resources("Microsoft.KeyVault/vaults")
+    assert vault["properties"]["enablePurgeProtection"] is True
+    assert vault["properties"]["softDeleteRetentionInDays"] == 90
+    name = expressions().value(vault["name"])
+    assert len(name) <= 24
+    assert TEMPLATE["variables"]["vaultName"].count("keyVaultGeneration") == 1
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        ({"createPostgresServer": False}, "databaseHost is required"),
+        ({"postgresAdminName": ""}, "postgresAdminObjectId and postgresAdminName are required"),
+        ({"postgresAdminObjectId": ""}, "postgresAdminObjectId and postgresAdminName are required"),
+    ],
+)
+def test_missing_required_values_fail_at_the_start_naming_them(
+    given: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(arm.TemplateError, match=message):
+        expressions(**given).value(TEMPLATE["variables"])
+    # The administrators' child name is always well formed, whatever the condition.
+    [admin] = resources("Microsoft.DBforPostgreSQL/flexibleServers/administrators")
+    name = expressions(createPostgresServer=False, databaseHost="db.x.io").value(admin["name"])
+    assert name.split("/")[1]
+
+
+def test_the_parameters_file_holds_no_placeholder_and_deploys_as_it_is() -> None:
+    text = json.dumps(PARAMETERS)
+    assert "00000000-0000-0000-0000-000000000000" not in text
+    assert "example.com" not in text
+    # Its values and the defaults (the deployer as PostgreSQL's administrator) evaluate whole.
+    values = expressions()
+    values.value(TEMPLATE["variables"])
+    for resource in TEMPLATE["resources"]:
+        values.value({k: v for k, v in resource.items() if k != "properties"})
+    assert values.value(TEMPLATE["variables"]["postgresAdmin"]) == arm.DEPLOYER["objectId"]
+    assert TEMPLATE["parameters"]["postgresAdminName"]["defaultValue"] == (
+        "[deployer().userPrincipalName]"
     )

@@ -48,6 +48,17 @@ USED: dict[str, tuple[str, ...]] = {
         "flexibleServers_databases",
         "flexibleServers_firewallRules",
     ),
+    "2024-05-01/Microsoft.Network.NRP.json": (
+        "virtualNetworks",
+        "privateEndpoints",
+        "privateEndpoints_privateDnsZoneGroups",
+    ),
+    "2024-06-01/Microsoft.Network.privateDns.json": (
+        "privateDnsZones",
+        "privateDnsZones_virtualNetworkLinks",
+    ),
+    "2021-05-01-preview/Microsoft.Insights.json": ("diagnosticSettings",),
+    "2022-09-01/Microsoft.Resources.json": ("deployments",),
 }
 WHOLE = ("2019-04-01/deploymentParameters.json", "common/definitions.json")
 
