@@ -1,0 +1,1 @@
+"""The Functions host's side of the worker protocol (``host.py``) and the contract it speaks."""
