@@ -497,6 +497,13 @@ def _azure_monitor(
             AZURE_MONITOR_EXTRA,
         )
         return None
+    if functions_host:
+        # The distro takes its logging switch from OTEL_LOGS_EXPORTER alone (its disable_logging
+        # argument is overwritten by it): without this, every log line went to Application
+        # Insights twice, and the exporter's own INFO lines fed it without end.
+        os.environ.setdefault("OTEL_LOGS_EXPORTER", "none")
+    # The exporter's requests are logged by azure-core at INFO: never exported, nor shown.
+    logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
     configure_azure_monitor(
         connection_string=env["APPLICATIONINSIGHTS_CONNECTION_STRING"],
         disable_logging=functions_host,
