@@ -3,7 +3,9 @@
 -- ownership; the relay's own role (`python -m outbox grant`) has only EXECUTE on these two.
 -- SECURITY DEFINER, their search_path the migrating session's (where these functions and the
 -- tables are), every table named with the parent's schema (an oid the caller resolved), and
--- every partition name checked against the layout's own before it reaches a statement.
+-- every partition name checked against the layout's own before it reaches a statement. Purges
+-- may race (every replica runs one): each takes one advisory lock for its transaction, and a
+-- partition another purge made or dropped meanwhile is left as it is.
 
 -- Whether a message is still live at a purge: what a partition's drop carries over.
 CREATE OR REPLACE FUNCTION outbox_message_is_live(
@@ -39,10 +41,10 @@ END
 $$;
 
 -- Make the partition [p_lower, p_upper) of p_parent: the rows its default partition holds in that
--- range move into it, then it is attached.
+-- range move into it, then it is attached. False when it exists already.
 CREATE OR REPLACE FUNCTION outbox_make_partition(
     p_parent regclass, p_partition text, p_lower timestamptz, p_upper timestamptz)
-RETURNS void
+RETURNS boolean
 LANGUAGE plpgsql SECURITY DEFINER SET search_path FROM CURRENT AS $$
 DECLARE
     v_schema text := outbox_partition_schema(p_parent, p_partition);
@@ -51,6 +53,10 @@ DECLARE
 BEGIN
     IF p_partition LIKE '%\_legacy' THEN
         RAISE EXCEPTION 'the legacy partition is made by the conversion only' USING ERRCODE = '22023';
+    END IF;
+    PERFORM pg_advisory_xact_lock(hashtext('outbox_partitions'));
+    IF to_regclass(format('%I.%I', v_schema, p_partition)) IS NOT NULL THEN
+        RETURN false;
     END IF;
     EXECUTE format('CREATE TABLE %I.%I (LIKE %I.%I INCLUDING DEFAULTS INCLUDING CONSTRAINTS)%s',
                    v_schema, p_partition, v_schema, v_table,
@@ -61,12 +67,14 @@ BEGIN
         USING p_lower, p_upper;
     EXECUTE format('ALTER TABLE %I.%I ATTACH PARTITION %I.%I FOR VALUES FROM (%L) TO (%L)',
                    v_schema, v_table, v_schema, p_partition, p_lower, p_upper);
+    RETURN true;
 END
 $$;
 
 -- Detach and drop the partition p_partition of p_parent, carrying into the parent (its default
 -- partition) the messages still live at the cutoffs, or the attempts of the messages p_kept_ids
--- names. Returns how many rows were carried.
+-- names. Returns how many rows were carried; NULL when it is no longer attached (another purge
+-- dropped it).
 CREATE OR REPLACE FUNCTION outbox_drop_partition(
     p_parent regclass, p_partition text, p_cutoff timestamptz, p_failed_cutoff timestamptz,
     p_kept_ids uuid[])
@@ -77,6 +85,12 @@ DECLARE
     v_table text := (SELECT relname FROM pg_class WHERE oid = p_parent);
     v_carried bigint;
 BEGIN
+    PERFORM pg_advisory_xact_lock(hashtext('outbox_partitions'));
+    IF NOT EXISTS (SELECT 1 FROM pg_inherits
+                   WHERE inhparent = p_parent
+                     AND inhrelid = to_regclass(format('%I.%I', v_schema, p_partition))) THEN
+        RETURN NULL;
+    END IF;
     EXECUTE format('ALTER TABLE %I.%I DETACH PARTITION %I.%I',
                    v_schema, v_table, v_schema, p_partition);
     IF v_table = 'outbox_messages' THEN

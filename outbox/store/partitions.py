@@ -487,15 +487,15 @@ async def ensure_partitions(
         while moment < end:
             for lower, upper in _uncovered(moment, moment + step, existing):
                 name = _partition_name(table, lower, step)
-                await migrations.retrying(
+                if await migrations.retrying(
                     conn,
                     f"making partition {name}",
                     max_lock_wait,
                     functools.partial(
                         _attach_new, table=table, name=name, lower=lower, upper=upper
                     ),
-                )
-                made.append(name)
+                ):
+                    made.append(name)  # not made by a purge racing this one
             moment += step
     return made
 
@@ -523,11 +523,12 @@ def _uncovered(
 
 async def _attach_new(
     conn: store.Connection, table: str, name: str, lower: datetime, upper: datetime
-) -> None:
-    # As the tables' owner (migration 0021): the relay's role may not make tables.
+) -> bool:
+    """Whether it made the partition (False: a racing purge had made it). As the tables' owner
+    (migration 0021): the relay's role may not make tables."""
     async with conn.transaction():
         await _lock_timeout(conn)
-        await _fetchval(
+        made: bool = await _fetchval(
             conn,
             "SELECT outbox_make_partition($1::regclass, $2, $3, $4)",
             table,
@@ -535,6 +536,7 @@ async def _attach_new(
             lower,
             upper,
         )
+        return made
 
 
 # Processed rows by finish time: the plain table's index until migration 0020, kept (and made at
@@ -568,13 +570,9 @@ async def maintain(
     for part in await partitions_of(conn, MESSAGES):
         if part.upper is None or part.upper > cutoff:
             continue
-        live = await _fetchval(
-            conn,
-            f"SELECT count(*) FROM (SELECT 1 FROM {_ident(part.name)} WHERE {_LIVE} "
-            f"LIMIT {CARRY_LIMIT + 1}) AS live",
-            cutoff,
-            failed_cutoff,
-        )
+        live = await _live_rows(conn, part.name, cutoff, failed_cutoff)
+        if live is None:
+            continue  # a purge racing this one dropped it meanwhile
         if live > CARRY_LIMIT:
             report.kept.append({"name": part.name, "live_rows_over": CARRY_LIMIT})
             logger.warning(
@@ -584,7 +582,7 @@ async def maintain(
             )
             continue
 
-        report.rows_carried += await migrations.retrying(
+        carried = await migrations.retrying(
             conn,
             f"dropping partition {part.name}",
             max_lock_wait,
@@ -592,11 +590,31 @@ async def maintain(
                 _drop, table=MESSAGES, name=part.name, cutoffs=(cutoff, failed_cutoff)
             ),
         )
-        report.dropped.append(part.name)
+        if carried is not None:  # None: a purge racing this one dropped it
+            report.rows_carried += carried
+            report.dropped.append(part.name)
     report.default_rows_deleted = await _purge_default(conn, cutoff, failed_cutoff, batch_size)
     await _drop_attempts(conn, cutoff, max_lock_wait, report)
     report.ids_released = await _release_ids(conn, batch_size)
     return report
+
+
+@store.database_boundary
+async def _live_rows(
+    conn: store.Connection, name: str, cutoff: datetime, failed_cutoff: datetime | None
+) -> int | None:
+    """The live rows of partition ``name`` (up to ``CARRY_LIMIT`` + 1); None when it is gone."""
+    try:
+        live: int = await conn.fetchval(
+            f"SELECT count(*) FROM (SELECT 1 FROM {_ident(name)} WHERE {_LIVE} "
+            f"LIMIT {CARRY_LIMIT + 1}) AS live",
+            cutoff,
+            failed_cutoff,
+            timeout=store.MIGRATION_STATEMENT_TIMEOUT_SECONDS,
+        )
+    except asyncpg.UndefinedTableError:
+        return None
+    return live
 
 
 async def _drop(
@@ -605,12 +623,13 @@ async def _drop(
     name: str,
     cutoffs: tuple[datetime | None, datetime | None] = (None, None),
     kept_ids: list[uuid.UUID] | None = None,
-) -> int:
+) -> int | None:
     """Detach and drop one partition past retention, as the tables' owner (migration 0021),
-    carrying over its live messages (``cutoffs``) or the history of ``kept_ids``."""
+    carrying over its live messages (``cutoffs``) or the history of ``kept_ids``: how many rows
+    it carried, or None when a purge racing this one had dropped it."""
     async with conn.transaction():
         await _lock_timeout(conn, DROP_LOCK_TIMEOUT_SECONDS)
-        carried: int = await _fetchval(
+        carried: int | None = await _fetchval(
             conn,
             "SELECT outbox_drop_partition($1::regclass, $2, $3, $4, $5)",
             table,
@@ -669,13 +688,16 @@ async def _drop_attempts(
             report.kept.append({"name": part.name, "messages_over": ATTEMPTS_CARRY_LIMIT})
             continue
 
-        await migrations.retrying(
-            conn,
-            f"dropping partition {part.name}",
-            max_lock_wait,
-            functools.partial(_drop, table=ATTEMPTS, name=part.name, kept_ids=kept_ids or []),
-        )
-        report.dropped.append(part.name)
+        if (
+            await migrations.retrying(
+                conn,
+                f"dropping partition {part.name}",
+                max_lock_wait,
+                functools.partial(_drop, table=ATTEMPTS, name=part.name, kept_ids=kept_ids or []),
+            )
+            is not None
+        ):
+            report.dropped.append(part.name)
 
 
 async def _release_ids(conn: store.Connection, batch_size: int) -> int:

@@ -369,6 +369,52 @@ async def test_purge_deletes_only_rows_past_retention_with_their_attempts(
     assert await statuses(db) == {"Processed": 2}
 
 
+async def test_racing_purges_all_succeed_and_together_remove_each_row_once(
+    db: Any, database_url: str, outbox_layout: str
+) -> None:
+    """Every replica's purge timer may fire at the same moment (docs/operations.md): on the
+    partitioned layout they used to collide making the same partitions ahead
+    (UniqueViolationError on pg_type, DuplicateTableError) and dropping the same ones."""
+    await old_rows(db, processed=40, failed=2)
+    if outbox_layout == "partitioned":
+        from outbox.store import partitions
+
+        # A day of partitions past retention, and the days ahead to make again: work for each.
+        day = datetime.now(UTC) - timedelta(days=20)
+        await partitions.ensure_partitions(db, day, day + timedelta(days=1))
+        await db.execute(
+            "INSERT INTO outbox_messages (outbox_message_id, event_type, payload, status, "
+            "processed_at, created_at) "
+            "SELECT gen_random_uuid(), 'Old', '{}', 'Processed', $1, $1 FROM generate_series(1, 9)",
+            day,
+        )
+        for part in (await partitions.partitions_of(db, "outbox_messages"))[-4:-1]:
+            await db.execute(f"DROP TABLE {part.name}")
+    purgers = [await asyncpg.connect(database_url) for _ in range(3)]
+    try:
+        for _ in range(4):  # rounds of three at once, as replicas' timers would
+            reports = await asyncio.gather(
+                *(
+                    operations.purge(c, retention_days=7, failed_retention_days=None, batch_size=7)
+                    for c in purgers
+                ),
+                return_exceptions=True,
+            )
+            assert [r for r in reports if isinstance(r, BaseException)] == []
+    finally:
+        for conn in purgers:
+            await conn.close()
+    assert await statuses(db) == {"Failed": 2}
+    if outbox_layout == "partitioned":
+        from outbox.store import partitions
+
+        names = [p.name for p in await partitions.partitions_of(db, "outbox_messages")]
+        assert len(names) == len(set(names))
+        assert f"outbox_messages_p{day.strftime('%Y%m%d')}" not in names
+        ahead = await partitions.ensure_partitions(db)
+        assert ahead == []  # the racing purges left every partition ahead made, once
+
+
 async def test_purge_goes_by_the_finish_time_and_reads_on_from_the_last_row_it_deleted(
     db: Any, outbox_layout: str
 ) -> None:
