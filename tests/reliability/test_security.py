@@ -29,7 +29,7 @@ from tests.conftest import SECRET
 from tests.support.azure import free_port
 from tests.support.outbox_helpers import open_relay, seed
 from tests.support.raw_server import RawServer, bytes_answer
-from tests.support.receiver import Receiver, Reply
+from tests.support.receiver import Received, Receiver, Reply
 from tests.support.relay_process import relay_env, run_relay
 from tests.support.tcp_proxy import TcpProxy
 from tests.support.tls import self_signed_certificate, server_context
@@ -214,3 +214,52 @@ async def test_credentials_in_a_webhook_url_stay_out_in_every_form_the_relay_sen
     for where, text in [("show", shown), ("the logs", caplog.text)]:
         for secret in (basic, password, quote(password, safe="")):
             assert secret not in text, f"{secret!r} leaked into {where}"
+
+
+async def test_secrets_a_receiver_echoes_back_encoded_are_redacted_before_stored_or_logged(
+    db: Any, receiver: Receiver, make_settings: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    user, key = "tok3n-abc", "KEY/S3CRET+C/xyz=="  # a URL's user name alone, a header's value
+    basic = base64.b64encode(f"{user}:".encode()).decode()
+
+    def php_error_page(request: Received) -> Reply:
+        # A PHP receiver dumping what it was sent: json_encode escapes "/" as "\/" by default,
+        # and PHP_AUTH_USER is the Basic credential decoded.
+        authorization = request.headers.get("authorization", "")
+        decoded = base64.b64decode(authorization.removeprefix("Basic ")).decode()
+        echoed = {
+            "authorization": authorization,
+            "php_auth_user": decoded.partition(":")[0],
+            "x_key": request.headers.get("x-key", ""),
+        }
+        return Reply(500, json.dumps(echoed).replace("/", "\\/").encode())
+
+    receiver.responder = php_error_page
+    url = f"http://{user}@127.0.0.1:{receiver.port}/partner"
+    settings = make_settings(webhooks={"Partner": {"url": url, "headers": {"X-Key": key}}})
+    caplog.set_level(logging.DEBUG)
+    [message_id] = await seed(db, event_type="Partner")
+    async with open_relay(settings) as relay:
+        assert (await relay.processor.execute()).retried == 1
+
+    [request] = receiver.requests
+    assert request.headers["authorization"] == f"Basic {basic}"  # what aiohttp made of the URL
+    assert request.headers["x-key"] == key
+    last_error = await db.fetchval("SELECT last_error FROM outbox_messages")
+    [attempt] = await db.fetch(
+        "SELECT error, response_snippet FROM outbox_attempts WHERE outbox_message_id = $1",
+        message_id,
+    )
+    assert attempt["response_snippet"].count("[redacted]") == 3  # the body was kept, redacted
+    assert last_error.startswith("HTTP 500: ")
+    assert "outbox.delivery" in caplog.text  # the delivery's log line was written
+    forms = [user, basic, basic.rstrip("="), key, key.replace("/", "\\/"), "S3CRET", "tok3n"]
+    for where, text in [
+        ("last_error", last_error),
+        ("the attempt's error", attempt["error"]),
+        ("the attempt's response_snippet", attempt["response_snippet"]),
+        ("the logs", caplog.text),
+        ("the log records' arguments", "\n".join(repr(r.args) for r in caplog.records)),
+    ]:
+        for form in forms:
+            assert form not in text, f"{form!r} leaked into {where}"
