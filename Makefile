@@ -9,9 +9,11 @@ SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
 .PHONY: run test check bench bench-smoke clean
 
-# Exit status 2 is a start-up problem it has already explained in one line: not make's to repeat.
+# exec: the runner is make's own child, so the SIGTERM make passes on reaches it; --under-make:
+# it also stops when make alone gets a SIGINT (which make passes on to no one). A start-up problem
+# is its one `error:` line, then make's `*** [...] Error 2`: `make run` fails.
 run: $(VENV)/.run-deps $(AZURITE)
-	@$(BIN)/python -m outbox.local $(RUN_ARGS) || [ $$? -eq 2 ]
+	@exec $(BIN)/python -m outbox.local --under-make $(RUN_ARGS)
 
 test: $(VENV)/.dev-deps $(AZURITE) $(CHROMIUM)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

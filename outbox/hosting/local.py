@@ -13,8 +13,9 @@
 What it fills in is handed to the functions as values (settings in this process, the environment
 of ``func start``), never written into its own environment. While it runs, ``.local/run.env``
 holds them, so ``python -m outbox …`` in another shell reaches the same database and queue.
-Ctrl-C (or SIGTERM) stops everything it started. A problem at start-up is one ``error:`` line
-and exit status 2 (which the Makefile passes on without a line of its own).
+Ctrl-C (or SIGTERM) stops everything it started, during start-up too; ``make run`` execs it
+with ``--under-make``, so that a SIGINT or SIGTERM sent to ``make`` alone stops it as well
+(``follow_make``). A problem at start-up is one ``error:`` line and exit status 2.
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ import os
 import secrets
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import warnings
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import IO
 
@@ -68,6 +70,12 @@ DEV_ACCOUNT_KEY = (  # Azurite's documented development key: public, not a secre
 APP = "function_app:app"
 # Exit status of a start-up problem already explained in one line.
 CLEAN_ERROR = 2
+# The signals GNU make catches to stop (SIGHUP, SIGINT, SIGQUIT, SIGTERM), as bits of the SigCgt
+# mask in /proc/<pid>/status, and how often follow_make looks at them.
+MAKE_STOPS = sum(
+    1 << (number - 1) for number in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM)
+)
+MAKE_WATCH_SECONDS = 0.2
 # The settings make run may fill in, by field and app-setting name.
 CHOSEN = {
     "database_url": "OUTBOX_DATABASE_URL",
@@ -98,34 +106,32 @@ def embedded_database_url(data: Path) -> str:
     return str(server.get_uri(database=EMBEDDED_DATABASE))
 
 
-@contextlib.contextmanager
-def azurite(data: Path) -> Iterator[str]:
+@contextlib.asynccontextmanager
+async def azurite(data: Path) -> AsyncIterator[str]:
     """Azurite on free ports (full emulator: timers under ``func start`` need blob leases)."""
     if not AZURITE.exists():
         raise SystemExit(f"Azurite is not installed: run `make run` (it installs {AZURITE})")
     blob, queue, table = (_free_port() for _ in range(3))
     data.mkdir(parents=True, exist_ok=True)
-    process = subprocess.Popen(  # noqa: S603 - our own pinned executable
-        [
-            str(AZURITE),
-            "--silent",
-            "--skipApiVersionCheck",
-            "--disableTelemetry",
-            "--location",
-            str(data),
-            "--blobPort",
-            str(blob),
-            "--queuePort",
-            str(queue),
-            "--tablePort",
-            str(table),
-        ],
+    process = await asyncio.create_subprocess_exec(
+        str(AZURITE),
+        "--silent",
+        "--skipApiVersionCheck",
+        "--disableTelemetry",
+        "--location",
+        str(data),
+        "--blobPort",
+        str(blob),
+        "--queuePort",
+        str(queue),
+        "--tablePort",
+        str(table),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,  # Ctrl-C reaches us; we stop it after the relay
     )
     try:
-        _wait_for_port(queue, process)
+        await _wait_for_port(queue, process)
         yield ";".join(
             [
                 "DefaultEndpointsProtocol=http",
@@ -139,10 +145,10 @@ def azurite(data: Path) -> Iterator[str]:
     finally:
         process.terminate()
         try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
+            await asyncio.wait_for(process.wait(), 10)
+        except TimeoutError:
             process.kill()
-            process.wait()
+            await process.wait()
 
 
 def _free_port() -> int:
@@ -153,19 +159,21 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _wait_for_port(port: int, process: subprocess.Popen[bytes]) -> None:
-    import socket  # noqa: PLC0415
+async def _wait_for_port(port: int, process: asyncio.subprocess.Process) -> None:
+    """Until Azurite answers on ``port``, without blocking the loop (a stop may come meanwhile)."""
     import time  # noqa: PLC0415
 
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
-        if process.poll() is not None:
+        if process.returncode is not None:
             raise SystemExit("Azurite exited at start-up")
         try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
         except OSError:
-            time.sleep(0.1)
+            await asyncio.sleep(0.1)
+            continue
+        writer.close()
+        return
     raise SystemExit("Azurite did not start within 60 s")
 
 
@@ -234,6 +242,52 @@ def check_port(port: int) -> None:
 
 
 async def start(args: argparse.Namespace) -> int:
+    """Start everything, then run the functions until a stop. A stop during start-up cancels it
+    (a CancelledError out of here), and what had started is stopped as it unwinds."""
+    starting = asyncio.current_task()
+    assert starting is not None
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, _cancel_once, starting)  # until the functions run
+    following = asyncio.create_task(follow_make(os.getppid())) if args.under_make else None
+    try:
+        return await _claim_and_start(args)
+    finally:
+        if following is not None:
+            following.cancel()
+
+
+def _cancel_once(task: asyncio.Task[int]) -> None:
+    if not task.cancelling():  # a second signal must not cut the unwinding short
+        task.cancel()
+
+
+async def follow_make(make: int) -> None:
+    """Stop this run as a SIGTERM would, once the ``make`` (pid ``make``) that execs it stops.
+
+    GNU make passes a SIGTERM on to its child, but a SIGINT, SIGHUP or SIGQUIT sent to make alone
+    it passes on to no one: it waits for its child, as if the signal had reached the whole
+    process group (as Ctrl-C's does), then ends by that signal. While it waits so, the signal is
+    no longer among those it catches (make resets it, to raise it again): that shows in
+    ``/proc/<pid>/status`` (Linux). A make that is gone (SIGKILL) stops the run too."""
+    watched = (_caught_signals(make) or 0) & MAKE_STOPS
+    # Polled: nothing tells another process when make's signal handling changes.
+    while os.getppid() == make and not watched & ~(_caught_signals(make) or 0):  # noqa: ASYNC110
+        await asyncio.sleep(MAKE_WATCH_SECONDS)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _caught_signals(pid: int) -> int | None:
+    """The mask of signals process ``pid`` catches, None where it cannot be read."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    masks = [line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:")]
+    return int(masks[0], 16) if masks else None
+
+
+async def _claim_and_start(args: argparse.Namespace) -> int:
     folder = local_dir()
     folder.mkdir(parents=True, exist_ok=True)
     lock = claim(folder)
@@ -251,7 +305,7 @@ async def start(args: argparse.Namespace) -> int:
 async def _start(args: argparse.Namespace, folder: Path, given: Settings) -> int:
     chosen: dict[str, str] = {}  # what this run fills in, by app-setting name
     described: list[str] = []
-    with contextlib.ExitStack() as processes:
+    async with contextlib.AsyncExitStack() as processes:
         if os.environ.get("OUTBOX_DATABASE_URL"):
             described.append("database   OUTBOX_DATABASE_URL")
         else:
@@ -267,7 +321,8 @@ async def _start(args: argparse.Namespace, folder: Path, given: Settings) -> int
             described.append("wake-ups   PostgreSQL NOTIFY (OUTBOX_WAKEUP=postgres), no queue")
         else:
             if not given.has_queue:
-                chosen["AzureWebJobsStorage"] = processes.enter_context(azurite(folder / "azurite"))
+                queue = azurite(folder / "azurite")
+                chosen["AzureWebJobsStorage"] = await processes.enter_async_context(queue)
                 described.append(f"queue      Azurite, data in {folder / 'azurite'}")
             described.append(f"           wake-up queue {chosen['OUTBOX_QUEUE_NAME']}")
         chosen["OUTBOX_FUNCTION_KEY"] = function_key(folder)
@@ -364,15 +419,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--in-process", action="store_true", help="do not use func start even if it is installed"
     )
+    parser.add_argument(
+        "--under-make",
+        action="store_true",
+        help="stop when the make that execs it stops (the Makefile passes it)",
+    )
     args = parser.parse_args(argv)
     configure_console()
     try:
         return asyncio.run(start(args))
+    except asyncio.CancelledError:
+        print("stopped before start-up finished", flush=True)
+        return 0
     except (ConfigurationError, MigrationError) as exc:
         print(f"error: {exc}", file=sys.stderr)
     except DatabaseError as exc:
         redact = Redactor([os.environ.get("OUTBOX_DATABASE_URL", "")])
         print(f"error: database: {redact(str(exc))}", file=sys.stderr)
+    finally:
+        # Stopping already: another signal must not cut short the embedded PostgreSQL's stop,
+        # which follows at exit.
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, signal.SIG_IGN)
     return CLEAN_ERROR
 
 

@@ -232,6 +232,10 @@ async def transaction(
         await notify(queue, conn=conn)
 
 
+# Allowed between two letters or symbols beyond ASCII: a refusal elsewhere names which one.
+_JOINERS = {"\u200c": "non-joiner", "\u200d": "joiner"}
+
+
 def check_event_type(event_type: object) -> None:
     if not isinstance(event_type, str) or not event_type.strip():
         raise InvalidMessageError("event_type must be a non-empty string")
@@ -255,17 +259,24 @@ def check_ordering_key(ordering_key: object) -> None:
 
 def check_storable_text(name: str, value: str) -> None:
     """Refuse U+0000 and surrogates here: PostgreSQL would abort the transaction over them. And
-    any other control character: an event type or key is a name, which logs and receivers show."""
+    any other control character: an event type or key is a name, which logs and receivers show.
+    The zero width joiners are text where they join two letters or symbols (``outbox.text``)."""
     if "\x00" in value:
         raise InvalidMessageError(
             f"{name} contains a NUL character (\\u0000), which PostgreSQL text cannot store"
         )
     _utf8(name, value)
     control = first_control(value)
-    if control is not None:
+    if control is None:
+        return
+    if control in _JOINERS:
         raise InvalidMessageError(
-            f"{name} contains a control character (U+{ord(control):04X}); use printable text"
+            f"{name} contains a zero width {_JOINERS[control]} (U+{ord(control):04X}) that joins "
+            "no two letters or symbols beyond ASCII; remove it"
         )
+    raise InvalidMessageError(
+        f"{name} contains a control character (U+{ord(control):04X}); use printable text"
+    )
 
 
 def serialise_payload(payload: Payload, max_bytes: int = DEFAULT_MAX_PAYLOAD_BYTES) -> str:

@@ -1,9 +1,11 @@
 """The README's run command on a fresh machine: embedded PostgreSQL, Azurite, demo receiver and the
-app's functions in one process tree; Ctrl-C stops all of it."""
+app's functions in one process tree; Ctrl-C stops all of it, and so does a SIGINT or SIGTERM sent
+to the `make` process alone."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -12,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import aiohttp
@@ -21,7 +24,7 @@ import pytest
 from outbox.hosting.local import claim
 from tests.support import pg
 from tests.support.azure import free_port
-from tests.support.outbox_helpers import ROOT, run_cli, seed
+from tests.support.outbox_helpers import ROOT, eventually, run_cli, seed
 from tests.support.processes import Child
 from tests.support.receiver import Receiver, Reply
 
@@ -184,26 +187,38 @@ async def test_run_command_refuses_a_port_in_use_before_saying_it_runs(tmp_path:
     assert "outbox relay running" not in result.stdout
 
 
-def test_make_run_adds_no_line_of_its_own_after_a_clean_error(tmp_path: Path) -> None:
-    url = f"postgresql://relay:pw@127.0.0.1:{free_port()}/x"
-    env = {
-        "PATH": os.environ["PATH"],
-        "OUTBOX_LOCAL_DIR": str(tmp_path),
-        "OUTBOX_DATABASE_URL": url,
-    }
-    # A port of its own: `make run` may be running in another shell on the default one.
-    result = subprocess.run(
-        ["make", "--no-print-directory", "run", f"RUN_ARGS=--port {free_port()}"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    lines = (result.stdout + result.stderr).strip().splitlines()
-    assert lines[-1].startswith("error: database: ConnectionRefusedError"), lines
-    assert not [line for line in lines if line.startswith("make:")]
+@pytest.mark.parametrize("problem", ["database unreachable", "port in use"])
+def test_make_run_fails_after_a_start_up_problem_with_its_one_line_error(
+    tmp_path: Path, problem: str
+) -> None:
+    env = {"PATH": os.environ["PATH"], "OUTBOX_LOCAL_DIR": str(tmp_path)}
+    with socket.socket() as taken:
+        if problem == "port in use":
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            port = taken.getsockname()[1]
+            error = f"error: port {port} is in use on 127.0.0.1; choose another: make run "
+        else:
+            # A port of its own: `make run` may be running in another shell on the default one.
+            port = free_port()
+            env["OUTBOX_DATABASE_URL"] = f"postgresql://relay:pw@127.0.0.1:{free_port()}/x"
+            error = "error: database: ConnectionRefusedError"
+        result = subprocess.run(
+            ["make", "--no-print-directory", "run", f"RUN_ARGS=--port {port}"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+    # Before, the recipe mapped the runner's exit status 2 to success: `make run` exited 0.
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "outbox relay running" not in result.stdout
+    # The runner's line, then make's own (the only other line).
+    [line, make_says] = result.stderr.splitlines()
+    assert line.startswith(error), result.stderr
+    assert re.fullmatch(r"make: \*\*\* \[Makefile:\d+: run\] Error 2", make_says)
 
 
 @pytest.mark.slow
@@ -242,3 +257,139 @@ def run_env_url(folder: Path) -> str:
     words = shlex.split((folder / "run.env").read_text())
     values = dict(word.partition("=")[::2] for word in words if word != "export")
     return values["OUTBOX_DATABASE_URL"]
+
+
+async def make_run(folder: Path, port: int, **settings: str) -> Child:
+    """``make run`` as a user starts it, in its own folder and on its own port."""
+    process = await asyncio.create_subprocess_exec(
+        "make",
+        "--no-print-directory",
+        "run",
+        f"RUN_ARGS=--in-process --port {port}",
+        cwd=ROOT,
+        env={"PATH": os.environ["PATH"], "OUTBOX_LOCAL_DIR": str(folder), **settings},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    return Child(process)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` now (Linux), at any depth."""
+    children: dict[int, set[int]] = defaultdict(set)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            children[int(stat.read_text().rsplit(")", 1)[1].split()[1])].add(int(stat.parent.name))
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        new = children[todo.pop()] - found
+        found |= new
+        todo += new
+    return found
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def ports_in_run_env(folder: Path) -> list[int]:
+    """The ports of what the run started for itself (Azurite's, the demo receiver's)."""
+    words = shlex.split((folder / "run.env").read_text())
+    values = dict(word.partition("=")[::2] for word in words if word != "export")
+    chosen = values["AzureWebJobsStorage"] + values["OUTBOX_WEBHOOKS"]
+    return sorted({int(port) for port in re.findall(r"http://127\.0\.0\.1:(\d+)/", chosen)})
+
+
+def postmaster(data: Path) -> tuple[int, Path] | None:
+    """The embedded PostgreSQL's pid and socket (it listens on no TCP port), once it is ready
+    (not initdb's single-user backend, whose pid the file holds negated, nor one starting)."""
+    try:
+        lines = (data / "postmaster.pid").read_text().splitlines()
+        pid, port, socket_dir, status = int(lines[0]), lines[3], lines[4], lines[7].strip()
+    except (OSError, ValueError, IndexError):  # not there, or not written whole yet
+        return None
+    if pid < 0 or status != "ready":
+        return None
+    return pid, Path(socket_dir) / f".s.PGSQL.{port}"
+
+
+def gone(pids: set[int], ports: list[int], files: tuple[Path, ...] = ()) -> bool:
+    still = [p for p in pids if alive(p)] + [p for p in ports if listening(p)]
+    return not still and not any(file.exists() for file in files)
+
+
+async def signal_make_alone(run: Child, signum: int) -> int:
+    """``signum`` to make's pid only (not its process group, as Ctrl-C would); its exit status."""
+    os.kill(run.process.pid, signum)
+    return await asyncio.wait_for(run.process.wait(), 30)
+
+
+def kill_left_over(pids: set[int], folder: Path) -> None:
+    """What a failed test left running (before the fix: the runner, and Azurite, started before
+    the signal or after it), so that it does not outlive the test."""
+    mentioning = {int(line.split()[0]) for line in processes_mentioning(str(folder))}
+    for pid in pids | mentioning:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+async def test_a_signal_to_make_alone_stops_everything_make_run_started(
+    tmp_path: Path, database_url: str, signum: int
+) -> None:
+    port = free_port()
+    run = await make_run(tmp_path, port, OUTBOX_DATABASE_URL=database_url)
+    started: set[int] = set()
+    try:
+        await run.wait_for_line(r"serving 14 functions", timeout=120)
+        started = descendants(run.process.pid)  # the runner, Azurite (node)
+        ports = [port, *ports_in_run_env(tmp_path)]  # the relay's, Azurite's three, the demo's
+        assert len(ports) == 5
+        assert all(map(listening, ports))
+        assert processes_mentioning(str(tmp_path / "azurite"))
+        # Before: SIGTERM killed the recipe's shell and left the runner and Azurite running;
+        # SIGINT did nothing at all (make waits for children it did not signal).
+        code = await signal_make_alone(run, signum)
+        await eventually(lambda: gone(started, ports), timeout=30)
+    finally:
+        kill_left_over(started, tmp_path)  # first: one left running keeps make's output open
+        await run.kill()
+    assert code == -signum  # make ends by the signal, as make does, once everything stopped
+    assert "stopped" in run.lines[-1]  # the relay's own last line: it stopped gracefully
+    assert not (tmp_path / "run.env").exists()
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+@pytest.mark.slow
+async def test_sigterm_to_make_during_start_up_stops_the_embedded_postgresql_too(
+    tmp_path: Path,
+) -> None:
+    run = await make_run(tmp_path, free_port())  # no database configured: an embedded one
+    started: set[int] = set()
+    try:
+        # Stopped as soon as its PostgreSQL runs: before the migrations, Azurite and the functions.
+        await eventually(lambda: postmaster(tmp_path / "pgdata") is not None, timeout=120)
+        server = postmaster(tmp_path / "pgdata")
+        assert server is not None
+        started = descendants(run.process.pid) | {server[0]}
+        assert alive(server[0])
+        assert server[1].exists()
+        code = await signal_make_alone(run, signal.SIGTERM)
+        await eventually(lambda: gone(started, [], (server[1],)), timeout=60)
+    finally:
+        kill_left_over(started, tmp_path)  # first: one left running keeps make's output open
+        await run.kill()
+    assert code == -signal.SIGTERM, run.output
+    assert run.lines == ["stopped before start-up finished"]  # no traceback, nothing else
+    assert processes_mentioning(str(tmp_path)) == []

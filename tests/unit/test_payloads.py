@@ -192,6 +192,77 @@ def test_text_fields_with_control_characters_are_refused_by_name(
         check(value)
 
 
+# Written with joiners: an emoji ZWJ sequence (woman, ZWJ, laptop), one with a skin tone and a
+# variation selector, a Persian word with a ZWNJ ("I want"), Hindi with a ZWJ, Hindi with a ZWNJ.
+JOINED_NAMES = [
+    "\U0001f469\u200d\U0001f4bb",
+    "Badge\U0001f3f3\ufe0f\u200d\U0001f308",
+    "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",
+    "\u0915\u094d\u200d\u0937",
+    "\u0915\u094d\u200c\u0937",
+]
+
+
+@pytest.mark.parametrize(
+    ("check", "name"), [(check_event_type, "event_type"), (check_ordering_key, "ordering_key")]
+)
+@pytest.mark.parametrize("value", JOINED_NAMES)
+def test_text_fields_written_with_zero_width_joiners_are_accepted(
+    check: Callable[[object], None], name: str, value: str
+) -> None:
+    check(value)
+
+
+@pytest.mark.parametrize(
+    ("check", "name"), [(check_event_type, "event_type"), (check_ordering_key, "ordering_key")]
+)
+@pytest.mark.parametrize(
+    ("value", "code"),
+    [
+        ("Order\u202aPlaced", "U+202A"),  # left-to-right embedding
+        ("\u0645\u202d\u06cc", "U+202D"),  # left-to-right override, between Persian letters
+        ("Order\u2066Placed\u2069", "U+2066"),  # left-to-right isolate
+        ("Order\u2069Placed", "U+2069"),  # pop directional isolate
+        ("Order\u200bPlaced", "U+200B"),  # zero width space
+        ("\u0645\u200b\u06cc", "U+200B"),  # ... also between letters beyond ASCII
+        ("\ufeffOrderPlaced", "U+FEFF"),  # byte order mark
+        ("Order\x85Placed", "U+0085"),  # C1: next line
+        ("Order\x9bPlaced", "U+009B"),  # C1: control sequence introducer
+        ("Order\x7fPlaced", "U+007F"),
+        ("\U0001f469\u200d\U0001f4bb\u202e", "U+202E"),  # a joined name, then an override
+    ],
+)
+def test_text_fields_with_bidi_controls_zero_width_spaces_and_c1_controls_are_refused(
+    check: Callable[[object], None], name: str, value: str, code: str
+) -> None:
+    expected = re.escape(f"{name} contains a control character ({code})")
+    with pytest.raises(InvalidMessageError, match=expected):
+        check(value)
+
+
+@pytest.mark.parametrize(
+    ("check", "name"), [(check_event_type, "event_type"), (check_ordering_key, "ordering_key")]
+)
+@pytest.mark.parametrize(
+    ("value", "code", "kind"),
+    [
+        ("Order\u200dCompleted", "U+200D", "joiner"),  # looks like OrderCompleted
+        ("OrderCompleted\u200c", "U+200C", "non-joiner"),
+        ("\u200d\U0001f4bb", "U+200D", "joiner"),
+        ("\U0001f469\u200d", "U+200D", "joiner"),
+        ("\U0001f469\u200d\u200d\U0001f4bb", "U+200D", "joiner"),
+        ("\u0645\u200c\u200b\u06cc", "U+200C", "non-joiner"),
+        ("\u200c", "U+200C", "non-joiner"),
+    ],
+)
+def test_text_fields_with_a_joiner_that_joins_nothing_are_refused_by_name(
+    check: Callable[[object], None], name: str, value: str, code: str, kind: str
+) -> None:
+    expected = re.escape(f"{name} contains a zero width {kind} ({code}) that joins no two")
+    with pytest.raises(InvalidMessageError, match=expected):
+        check(value)
+
+
 def test_a_generated_id_is_inserted_without_looking_for_a_conflict() -> None:
     """A random UUID made here cannot be in the table: no ON CONFLICT (one WAL record less per
     message); an id the caller gives is checked (outbox_insert_message, migration 0019, or the
