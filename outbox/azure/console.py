@@ -75,7 +75,9 @@ async def on_overview(query: Query) -> HttpResult:
     query_parameters(query, allowed=frozenset({KEY_PARAMETER}))
     relay = await functions_host.relay()
     threshold = relay.settings.alert_oldest_pending_seconds
-    return 200, await operator.overview(relay.pool, threshold, _endpoints(relay))
+    return 200, await operator.overview(
+        relay.pool, threshold, _endpoints(relay), notify_wakeups=relay.settings.wakes_by_postgres
+    )
 
 
 @http_endpoint("messages")
@@ -118,6 +120,8 @@ async def on_pause(body: bytes, who: str) -> HttpResult:
     relay = await functions_host.relay()
     key = operator.key_of(_endpoints(relay), data.get("event_type"), data.get("endpoint"))
     result = await operator.pause(relay.pool, key, actor=who, action_id=data.get("action_id"))
+    if result.get("in_progress"):
+        return _running(result)
     log_event(logger, logging.INFO, "outbox.pause", event_type=key[0], endpoint=key[1], by=who)
     return 200, result
 
@@ -129,6 +133,8 @@ async def on_resume(body: bytes, who: str) -> HttpResult:
     relay = await functions_host.relay()
     key = operator.key_of(_endpoints(relay), data.get("event_type"), data.get("endpoint"))
     result = await operator.resume(relay.pool, key, actor=who, action_id=data.get("action_id"))
+    if result.get("in_progress"):
+        return _running(result)
     log_event(logger, logging.INFO, "outbox.resume", event_type=key[0], endpoint=key[1], by=who)
     if result.get("due"):
         await relay.wake_now()
@@ -156,10 +162,23 @@ async def on_resend(body: bytes, who: str) -> HttpResult:
     result = await operator.resend(
         relay.pool, ids, endpoint, _endpoints(relay), actor=who, action_id=data.get("action_id")
     )
+    if result.get("in_progress"):
+        return _running(result)
     log_event(logger, logging.INFO, "outbox.resend", resent=len(result["resent"]), by=who)
     if result["resent"] and not result["repeated"]:
         await relay.wake_now()
     return 200, result
+
+
+def _running(result: dict[str, Any]) -> HttpResult:
+    """409: another call runs this action id now; the same call, sent again once that one has
+    finished, answers with its result."""
+    action_id = result["action_id"]
+    message = (
+        f"action_id {action_id!r} is running in another call: send the same request again "
+        "to get its result once it has finished"
+    )
+    return 409, {"error": message, "action_id": action_id, "in_progress": True}
 
 
 def _action_body(body: bytes, fields: frozenset[str] = ACTION_FIELDS) -> dict[str, Any]:

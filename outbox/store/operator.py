@@ -4,14 +4,15 @@ and the actions (pause, resume, a requeue by filter) with their record.
 Shared by the console's HTTP API (``outbox.azure.triggers``, served by the Functions app and by
 ``outbox serve``) and the commands (``python -m outbox list | endpoints | pause | resume``).
 Every action is recorded in ``outbox_console_actions`` under an id the caller chooses: the same
-id sent again does the action once and answers with what the first one did.
+id sent again does the action once and answers with what the first one did (``act``).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager, suppress
 from dataclasses import asdict
 from datetime import datetime
 from typing import Any
@@ -44,13 +45,17 @@ Endpoints = Mapping[str, Sequence[str]]
 
 
 async def overview(
-    conn: store.Connection, threshold_seconds: float, endpoints: Endpoints
+    conn: store.Connection,
+    threshold_seconds: float,
+    endpoints: Endpoints,
+    *,
+    notify_wakeups: bool = False,
 ) -> dict[str, Any]:
     """Counts by status (Processed estimated beyond ``PROCESSED_COUNTED``, then named in
     ``estimated_counts``), the oldest unpublished age, deliveries and failures per minute over the
     last hour, open and paused endpoints, held ordering keys, failures grouped by reason."""
     status = await operations.backlog_status(
-        conn, threshold_seconds, processed_up_to=PROCESSED_COUNTED
+        conn, threshold_seconds, processed_up_to=PROCESSED_COUNTED, notify_wakeups=notify_wakeups
     )
     figures = await store.console_overview(conn, FAILED_SAMPLE)
     return {
@@ -129,7 +134,8 @@ async def message(conn: store.Connection, message_id: UUID) -> dict[str, Any] | 
     shown = await operations.show(conn, message_id)
     if shown is None:
         return None
-    payload = json.dumps(shown.pop("payload"), indent=2, ensure_ascii=False)
+    as_text = shown.pop("payload_as_text")
+    payload = _pretty(shown.pop("payload"), as_text)
     context = shown.pop("trace_context", None)
     trace = json.loads(context) if isinstance(context, str) else context
     parent = trace.get("traceparent") if isinstance(trace, dict) else None
@@ -155,11 +161,20 @@ async def message(conn: store.Connection, message_id: UUID) -> dict[str, Any] | 
             "trace_id": parts[1] if len(parts) == 4 else None,
             "payload": payload[:MAX_PAYLOAD_CHARS],
             "payload_truncated": len(payload) > MAX_PAYLOAD_CHARS,
+            "payload_as_text": as_text,
             "endpoints": shown["endpoints"],
             "attempts": attempts,
         }
     )
     return detail
+
+
+def _pretty(payload: Any, as_text: str | None) -> str:
+    """The payload as the detail shows it: indented JSON (``show`` has checked that it can be
+    written out), or the database's text when ``show`` could not decode it (``as_text``)."""
+    if as_text is not None:
+        return str(payload)
+    return json.dumps(payload, indent=2, ensure_ascii=False)
 
 
 def key_of(endpoints: Endpoints, event_type: Any, endpoint: Any) -> tuple[str, str]:
@@ -183,8 +198,8 @@ async def pause(
 ) -> dict[str, Any]:
     """Pause endpoint ``key`` for every relay: its deliveries wait, spending no attempt."""
 
-    async def run() -> tuple[int, dict[str, Any]]:
-        changed = await store.pause_endpoint(conn, key, actor)
+    async def run(connection: store.Connection) -> tuple[int, dict[str, Any]]:
+        changed = await store.pause_endpoint(connection, key, actor)
         return int(changed), {"paused": True, "changed": changed}
 
     return await act(conn, "pause", _key_filter(key), run, actor=actor, action_id=action_id)
@@ -195,8 +210,8 @@ async def resume(
 ) -> dict[str, Any]:
     """Resume endpoint ``key``: what waited for it is due now (the caller wakes a drain)."""
 
-    async def run() -> tuple[int, dict[str, Any]]:
-        changed, due = await store.resume_endpoint(conn, key)
+    async def run(connection: store.Connection) -> tuple[int, dict[str, Any]]:
+        changed, due = await store.resume_endpoint(connection, key)
         return due, {"paused": False, "changed": changed, "due": due}
 
     return await act(conn, "resume", _key_filter(key), run, actor=actor, action_id=action_id)
@@ -214,12 +229,13 @@ async def requeue(
     if dry_run:
         return (await operations.requeue(conn, wanted, dry_run=True)).as_dict()
 
-    async def run() -> tuple[int, dict[str, Any]]:
-        report = await operations.requeue(conn, wanted, dry_run=False)
+    async def run(connection: store.Connection) -> tuple[int, dict[str, Any]]:
+        report = await operations.requeue(connection, wanted, dry_run=False)
         return report.requeued, report.as_dict()
 
     shown = _jsonable({k: v for k, v in asdict(wanted).items() if v not in (None, False)})
-    return await act(conn, "requeue", shown, run, actor=actor, action_id=action_id)
+    # Not atomic: a requeue commits batch by batch, however many rows match.
+    return await act(conn, "requeue", shown, run, actor=actor, action_id=action_id, atomic=False)
 
 
 async def requeue_batch(
@@ -241,15 +257,15 @@ async def requeue_batch(
     claimed = await store.claim_action(
         conn, action_id, "requeue", filter_json, dry_run=False, actor=actor
     )
-    if claimed:
-        fresh = {"requeued": 0, "batches": 0, "done": False, "after": None}
-        await store.finish_action(conn, action_id, 0, json.dumps(fresh))
-    else:
+    if not claimed:
         earlier = await store.show_action(conn, action_id)
-        if earlier is None or earlier["action"] != "requeue":
+        if earlier is None:
             raise BadRequestError(f"action_id {action_id!r} was used for another action")
-        if json.loads(earlier["filter"]) != shown:
-            raise BadRequestError(f"action_id {action_id!r} was used for another filter")
+        _check_same(earlier, "requeue", filter_json, action_id)
+    # Its first progress, unless a call wrote it already: written apart from the claim, so a
+    # call that ended between the two leaves an action the next call goes on with.
+    fresh = {"requeued": 0, "batches": 0, "done": False, "after": None}
+    await _execute(conn, "start_action", action_id, json.dumps(fresh))
     ids = list(checked.message_ids) if checked.message_ids is not None else None
     step = await store.requeue_failed_step(
         conn,
@@ -293,16 +309,16 @@ async def resend(
     if not message_ids or len(message_ids) > MAX_RESENT:
         raise BadRequestError(f"message_ids must list 1 to {MAX_RESENT} message ids")
 
-    async def run() -> tuple[int, dict[str, Any]]:
+    async def run(connection: store.Connection) -> tuple[int, dict[str, Any]]:
         resent: list[str] = []
         skipped: list[str] = []
         for message_id in message_ids:
-            found = await store.fetch_message(conn, message_id)
+            found = await store.fetch_message(connection, message_id)
             names = endpoints.get(found["event_type"], ()) if found else ()
             if found is None or (endpoint is not None and endpoint not in names):
                 skipped.append(str(message_id))
                 continue
-            done = await store.resend_processed(conn, message_id, endpoint, names)
+            done = await store.resend_processed(connection, message_id, endpoint, names)
             (resent if done else skipped).append(str(message_id))
         return len(resent), {"resent": resent, "skipped": skipped}
 
@@ -314,26 +330,105 @@ async def act(
     conn: store.Connection,
     action: str,
     filter_: dict[str, Any],
-    run: Callable[[], Awaitable[tuple[int, dict[str, Any]]]],
+    run: Callable[[store.Connection], Awaitable[tuple[int, dict[str, Any]]]],
     *,
     actor: str,
     action_id: str | None,
+    atomic: bool = True,
 ) -> dict[str, Any]:
-    """Record ``action`` under ``action_id`` and run it, once: an id recorded already answers
-    with the first run's result (``repeated``), or ``in_progress`` while that one runs."""
+    """Record ``action`` under ``action_id`` and run it, once, on one connection. An id whose
+    run finished answers with its result (``repeated``); one that another call runs now answers
+    ``in_progress`` at once (the console's 409). An id whose call ended without a result (its
+    session ended while it waited on a row lock: the call answered 503) is run again, as a
+    client retrying after an error expects: with ``atomic`` (every action but a requeue, which
+    commits batch by batch) its writes and its result commit together, so the failed call left
+    nothing done; a requeue run again goes on with the rows still Failed."""
     action_id = action_id or str(uuid.uuid4())
-    claimed = await store.claim_action(
-        conn, action_id, action, json.dumps(filter_), dry_run=False, actor=actor
-    )
-    if not claimed:
-        earlier = await store.show_action(conn, action_id)
-        if earlier is None or earlier["action"] != action:
-            raise BadRequestError(f"action_id {action_id!r} was used for another action")
-        result = json.loads(earlier["result"]) if earlier["result"] else {"in_progress": True}
-        return {**result, "action_id": action_id, "repeated": True}
-    affected, result = await run()
-    await store.finish_action(conn, action_id, affected, json.dumps(result))
+    filter_json = json.dumps(filter_)
+    async with store.acquired(conn) as connection, _running(connection, action_id) as running:
+        earlier = await store.show_action(connection, action_id)
+        if earlier is not None:
+            _check_same(earlier, action, filter_json, action_id)
+            if earlier["result"] is not None:
+                result = json.loads(earlier["result"])
+                return {**result, "action_id": action_id, "repeated": True}
+        if not running:
+            return {"action_id": action_id, "in_progress": True, "repeated": True}
+        if earlier is None and not await store.claim_action(
+            connection, action_id, action, filter_json, dry_run=False, actor=actor
+        ):  # recorded meanwhile by a call that takes no lock: a requeue in batches
+            return {"action_id": action_id, "in_progress": True, "repeated": True}
+        if not atomic:
+            return await _run(connection, action_id, run)
+        return await _run_atomically(connection, action_id, run)
+
+
+async def _run(
+    connection: store.Connection,
+    action_id: str,
+    run: Callable[[store.Connection], Awaitable[tuple[int, dict[str, Any]]]],
+) -> dict[str, Any]:
+    affected, result = await run(connection)
+    await store.finish_action(connection, action_id, affected, json.dumps(result))
     return {**result, "action_id": action_id, "repeated": False}
+
+
+@store.database_boundary
+async def _run_atomically(
+    connection: store.Connection,
+    action_id: str,
+    run: Callable[[store.Connection], Awaitable[tuple[int, dict[str, Any]]]],
+) -> dict[str, Any]:
+    """``_run`` in one transaction: the action's writes and its result commit together."""
+    async with connection.transaction():
+        return await _run(connection, action_id, run)
+
+
+def _check_same(earlier: Mapping[str, Any], action: str, filter_json: str, action_id: str) -> None:
+    """An action id names one action on one filter: reused for another, it is refused."""
+    if earlier["action"] != action:
+        raise BadRequestError(f"action_id {action_id!r} was used for another action")
+    if json.loads(earlier["filter"]) != json.loads(filter_json):
+        raise BadRequestError(f"action_id {action_id!r} was used for another filter")
+
+
+@asynccontextmanager
+async def _running(connection: store.Connection, action_id: str) -> AsyncIterator[bool]:
+    """Whether this session runs action ``action_id`` (``run_action``'s lock, held until the
+    block ends). The lock ends with the session: when it cannot be released, the session is
+    ended, so that no later call meets a lock with no run behind it."""
+    try:
+        running = bool(await _fetchval(connection, "run_action", action_id))
+    except BaseException:  # cancelled, say: the lock may be the session's all the same
+        _end_session(connection)
+        raise
+    try:
+        yield running
+    finally:
+        if running:
+            try:
+                await _fetchval(connection, "end_action_run", action_id)
+            except DatabaseError:
+                _end_session(connection)  # and the error that ended the run goes on
+            except BaseException:
+                _end_session(connection)
+                raise
+
+
+def _end_session(connection: store.Connection) -> None:
+    """End ``connection``'s session, and with it the locks it holds (the pool makes another)."""
+    with suppress(*store.TRANSIENT_ERRORS):  # lost already: the session has ended
+        connection.terminate()
+
+
+@store.database_boundary
+async def _fetchval(connection: store.Connection, name: str, *args: Any) -> Any:
+    return await connection.fetchval(store.QUERIES[name], *args)
+
+
+@store.database_boundary
+async def _execute(connection: store.Connection, name: str, *args: Any) -> None:
+    await connection.execute(store.QUERIES[name], *args)
 
 
 async def actions(conn: store.Connection, limit: int = ACTIONS_LISTED) -> list[dict[str, Any]]:
@@ -347,8 +442,9 @@ async def actions(conn: store.Connection, limit: int = ACTIONS_LISTED) -> list[d
 
 
 async def endpoint_health(conn: store.Connection, endpoints: Endpoints) -> list[dict[str, Any]]:
-    """Each configured endpoint: its breaker, whether paused, and over the last hour its last
-    success and failure and its failure rate (``python -m outbox endpoints``)."""
+    """Each configured endpoint: its breaker (``open``, ``half-open`` or ``closed``, as
+    ``status`` lists them), whether paused, and over the last hour its last success and failure
+    and its failure rate (``python -m outbox endpoints``)."""
     breakers = {(b["event_type"], b["endpoint"]): b for b in await store.open_breakers(conn)}
     paused = {(p["event_type"], p["endpoint"]): p for p in await store.paused_endpoints(conn)}
     activity = {(a["event_type"], a["endpoint"]): a for a in await store.endpoint_activity(conn)}
@@ -361,7 +457,7 @@ async def endpoint_health(conn: store.Connection, endpoints: Endpoints) -> list[
                 {
                     "event_type": event_type,
                     "endpoint": name,
-                    "breaker": "open" if breaker else "closed",
+                    "breaker": breaker["state"] if breaker else "closed",
                     "consecutive_failures": breaker["consecutive_failures"] if breaker else 0,
                     "paused": (event_type, name) in paused,
                     "last_success": _iso(seen["last_success"]) if seen else None,
