@@ -139,7 +139,9 @@ async def on_status_request(query: Query | Mapping[str, str] = ()) -> HttpResult
     query_parameters(_pairs(query), allowed=HTTP_PARAMETERS)
     relay = await functions_host.relay()
     status = await operations.backlog_status(
-        relay.pool, relay.settings.alert_oldest_pending_seconds
+        relay.pool,
+        relay.settings.alert_oldest_pending_seconds,
+        notify_wakeups=relay.settings.wakes_by_postgres,
     )
     return (200 if status.healthy else 503), status.as_dict()
 

@@ -13,7 +13,9 @@ docs/telemetry.md).
   and ``outbox.delivery.lag``.
 - ``Telemetry.run()`` (the processor, per ``execute()``): an INTERNAL span ``outbox run``.
 - ``record_backlog()`` (every status call, and the timer sweep): the figures behind the
-  observable gauges ``outbox.backlog.*`` and ``outbox.breakers.open``.
+  observable gauges ``outbox.backlog.*`` and ``outbox.breakers.open``;
+  ``record_notify_queue_usage()`` (every status call, and ``serve``'s watch of the NOTIFY queue
+  with ``OUTBOX_WAKEUP=postgres``): the gauge ``outbox.wakeup.notify_queue_usage``.
 
 Attributes carry ids, names, counts, statuses and the receiver's host, never a URL's path or
 query, a header, a secret or an error text.
@@ -62,6 +64,18 @@ MAX_TRACE_CONTEXT_CHARS = 4096
 OVERSIZE_KEY = "outbox_oversize_chars"
 # How much of a context that cannot be restored its warning shows.
 TRACE_CONTEXT_SHOWN_CHARS = 120
+# The histograms' bucket boundaries, in seconds (the instruments' unit). OpenTelemetry's default
+# boundaries (0, 5, 10, 25 … 10,000) are shaped for milliseconds: in seconds, every delivery under
+# 5 s would share one bucket. A delivery is an HTTP request: OpenTelemetry's HTTP client buckets
+# (5 ms to 10 s), then 30 s and 60 s for slow receivers (the timeout is 10 s by default).
+DURATION_BUCKETS_SECONDS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0, 60.0
+)  # fmt: skip
+# A message's lag: a wake-up's few milliseconds to the first attempt's seconds; then the sweep's
+# five minutes (a lost wake-up) and retries' backoff (10 s doubling, at most 30 min apart).
+LAG_BUCKETS_SECONDS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 1800.0, 3600.0
+)  # fmt: skip
 
 
 def capture() -> str | None:
@@ -196,13 +210,16 @@ class Telemetry:
             "outbox.delivery.duration",
             unit="s",
             description="Duration of one webhook delivery attempt",
+            explicit_bucket_boundaries_advisory=DURATION_BUCKETS_SECONDS,
         )
         self.lag = meter.create_histogram(
             "outbox.delivery.lag",
             unit="s",
             description="Time from a message's creation to its endpoint's 2xx",
+            explicit_bucket_boundaries_advisory=LAG_BUCKETS_SECONDS,
         )
         self.backlog: Backlog | None = None
+        self.notify_queue_usage: float | None = None
         meter.create_observable_gauge(
             "outbox.backlog.messages",
             callbacks=[self._observe_counts],
@@ -220,6 +237,12 @@ class Telemetry:
             callbacks=[self._observe_breakers],
             unit="{endpoint}",
             description="Endpoints whose circuit breaker is open",
+        )
+        meter.create_observable_gauge(
+            "outbox.wakeup.notify_queue_usage",
+            callbacks=[self._observe_notify_queue],
+            unit="1",
+            description="Fraction of PostgreSQL's NOTIFY queue in use (full: NOTIFY fails)",
         )
 
     def refresh(self) -> None:
@@ -351,6 +374,9 @@ class Telemetry:
     def record_backlog(self, backlog: Backlog) -> None:
         self.backlog = backlog
 
+    def record_notify_queue_usage(self, usage: float) -> None:
+        self.notify_queue_usage = usage
+
     def _observe_counts(self, options: CallbackOptions) -> Iterator[Observation]:
         if self.backlog is not None:
             for status, count in self.backlog.counts.items():
@@ -363,6 +389,10 @@ class Telemetry:
     def _observe_breakers(self, options: CallbackOptions) -> Iterator[Observation]:
         if self.backlog is not None:
             yield Observation(self.backlog.open_breakers)
+
+    def _observe_notify_queue(self, options: CallbackOptions) -> Iterator[Observation]:
+        if self.notify_queue_usage is not None:
+            yield Observation(self.notify_queue_usage)
 
 
 @contextmanager

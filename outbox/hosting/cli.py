@@ -362,7 +362,9 @@ async def run_enqueue(conn: Any, settings: Settings, args: argparse.Namespace) -
 
 
 async def run_status(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
-    status = await operations.backlog_status(conn, settings.alert_oldest_pending_seconds)
+    status = await operations.backlog_status(
+        conn, settings.alert_oldest_pending_seconds, notify_wakeups=settings.wakes_by_postgres
+    )
     emit(status.as_dict())
     return EXIT_OK if status.healthy else EXIT_FAILED
 

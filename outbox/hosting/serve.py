@@ -18,8 +18,10 @@ yours), indexes it as the Python worker does and calls the very same functions:
 
 Besides, it drains on its own timer whenever the relay wants a run later (a retry's backoff, a
 ``Retry-After``, a breaker's reopen), with or without a queue (``drainer``); with
-``OUTBOX_WAKEUP=postgres`` it LISTENs for the producers' NOTIFY and drains at each. For container
-hosts, ``GET /healthz``, ``/readyz`` and ``/metrics`` (``health``).
+``OUTBOX_WAKEUP=postgres`` it LISTENs for the producers' NOTIFY and drains at each, and watches
+PostgreSQL's NOTIFY queue, polling every few seconds while it is too full for NOTIFYs to be relied
+on (``watch_notify_queue``). For container hosts, ``GET /healthz``, ``/readyz`` and ``/metrics``
+(``health``).
 
 SIGTERM or SIGINT stops it gracefully: no new work is taken, drains finish their in-flight
 deliveries and release what they had not started, then the clients close. No row is left behind.
@@ -37,6 +39,7 @@ import logging
 import os
 import re
 import signal
+import time
 import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -54,10 +57,11 @@ from azure.functions.timer import TimerRequest
 from azure.storage.queue import QueueMessage as StoredMessage
 from azure.storage.queue.aio import QueueClient
 
+from outbox import store
 from outbox.azure import functions, triggers
 from outbox.azure.host import functions_host
 from outbox.core import telemetry
-from outbox.core.errors import ConfigurationError, describe
+from outbox.core.errors import ConfigurationError, DatabaseError, describe
 from outbox.core.logs import Throttled
 from outbox.core.redact import Redactor
 from outbox.core.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
@@ -79,6 +83,9 @@ logger = logging.getLogger("outbox.serve")
 DEFAULT_PORT = 7071
 # App settings that binding expressions may name, with the value they take when not set.
 SETTING_DEFAULTS = {"OUTBOX_QUEUE_NAME": DEFAULT_QUEUE_NAME}
+# How often, with OUTBOX_WAKEUP=postgres, the NOTIFY queue's usage is read: at the fastest fill
+# reported (8 KB NOTIFYs, about 40 s from empty to full) it is found high long before it is full.
+NOTIFY_QUEUE_CHECK_SECONDS = 5.0
 _TIMESPAN = re.compile(r"^(\d+):(\d\d):(\d\d(?:\.\d+)?)$")
 _SETTING = re.compile(r"%([^%]+)%")
 
@@ -467,6 +474,7 @@ async def serve(
     if settings.wakes_by_postgres:
         notified = PostgresListener(settings.database_url.get_secret_value(), drainer)
         tasks.append(asyncio.create_task(notified.run(stopping)))
+        tasks.append(asyncio.create_task(watch_notify_queue(stopping)))
     tasks += [
         asyncio.create_task(run_timer(b, stopping, redact))
         for b in bindings
@@ -490,6 +498,22 @@ async def _drain_at_startup(redact: Redactor) -> None:
         await triggers.on_startup()
     except Exception as exc:  # noqa: BLE001 - like a timer's failure: logged, the rest serves on
         logger.error("start-up drain failed: %s", redact(describe(exc)))
+
+
+async def watch_notify_queue(stopping: asyncio.Event) -> None:
+    """Read PostgreSQL's NOTIFY queue usage every ``NOTIFY_QUEUE_CHECK_SECONDS``
+    (``OUTBOX_WAKEUP=postgres``): it feeds the gauge ``outbox.wakeup.notify_queue_usage`` and
+    tells the relay's wake-ups whether to poll. A reading the database does not answer is
+    skipped (the listener and the drains say so already): the last one stands."""
+    relay = await functions_host.relay()
+    observed = telemetry.process_telemetry()
+    while not stopping.is_set():
+        with contextlib.suppress(DatabaseError):
+            usage = await store.notify_queue_usage(relay.pool)
+            observed.record_notify_queue_usage(usage)
+            relay.wakeups.notify_queue_read(usage, time.monotonic())
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), NOTIFY_QUEUE_CHECK_SECONDS)
 
 
 def install_stop_signals(stopping: asyncio.Event) -> None:

@@ -23,6 +23,13 @@ then: the timer and a hint that wake together make one run that finds work, not 
 
 With ``OUTBOX_WAKEUP=postgres`` a hint due now is a ``NOTIFY`` on the database (which every
 ``serve`` LISTENs to); one due later has no carrier but each process's own timer.
+
+A NOTIFY fails once PostgreSQL's notification queue is full (a session that LISTENs and stays idle
+in a transaction keeps every notification sent since it began), and a producer's failure is only
+a warning in the producer's log. So ``serve`` reads the queue's usage every few seconds
+(``notify_queue_read``); while it is above ``operations.NOTIFY_QUEUE_ALERT_USAGE``, or for
+``NOTIFY_FAILED_POLL_SECONDS`` after a NOTIFY of its own failed, the process wants a run every
+``FALLBACK_POLL_SECONDS``: it polls, and goes back to waiting for wake-ups once neither holds.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from outbox.core.errors import DatabaseError
 from outbox.core.models import DrainSummary
 from outbox.core.resources import Closeable
 from outbox.core.settings import QueueSettings
+from outbox.store.operations import NOTIFY_QUEUE_ALERT_USAGE
 from outbox.transport.wakeup import MAX_DELAY_SECONDS, WakeUpQueue
 
 logger = logging.getLogger("outbox.wakeups")
@@ -46,6 +54,14 @@ logger = logging.getLogger("outbox.wakeups")
 DATABASE_RETRY_SECONDS = 30
 # A hint already due at most this much after the time wanted covers it (it is polled anyway).
 COVER_SLACK_SECONDS = 1.0
+# While wake-ups cannot be relied on, a run this often: a few seconds' delay instead of the
+# sweep's five minutes, for one lease query per poll and process.
+FALLBACK_POLL_SECONDS = 3.0
+# How long after a NOTIFY of this process failed it keeps polling (the queue's usage, read
+# meanwhile, says whether the queue is the cause).
+NOTIFY_FAILED_POLL_SECONDS = 60.0
+# While the queue stays high, its warning is said again this often.
+NOTIFY_QUEUE_LOG_INTERVAL_SECONDS = 60.0
 
 
 class WakeUps(Closeable):
@@ -65,6 +81,11 @@ class WakeUps(Closeable):
         # The earliest time (monotonic) this process wants a run, sent or not; and its change.
         self._due: float | None = None
         self.changed = asyncio.Event()
+        # Why wake-ups cannot be relied on: the NOTIFY queue's usage is high (and since when its
+        # warning was said), or a NOTIFY of this process failed (when, monotonic).
+        self._queue_high = False
+        self._high_said_at: float | None = None
+        self._notify_failed_at: float | None = None
 
     def run_starting(self, now: float) -> None:
         """A run starts at ``now`` (monotonic): it takes what was due by then."""
@@ -88,12 +109,63 @@ class WakeUps(Closeable):
             self._due = at
             self.changed.set()
 
+    def polling(self, now: float) -> bool:
+        """Whether wake-ups cannot be relied on at ``now`` (monotonic): the NOTIFY queue is above
+        the alert, or a NOTIFY of this process failed within ``NOTIFY_FAILED_POLL_SECONDS``."""
+        failed_at = self._notify_failed_at
+        return self._queue_high or (
+            failed_at is not None and now - failed_at < NOTIFY_FAILED_POLL_SECONDS
+        )
+
+    def _poll(self, now: float) -> None:
+        """While polling, want a run within ``FALLBACK_POLL_SECONDS`` of ``now``."""
+        if self.polling(now):
+            self._arm(now + FALLBACK_POLL_SECONDS)
+
+    def notify_queue_read(self, usage: float, now: float) -> None:
+        """The NOTIFY queue's usage (0 to 1) as read at ``now`` (monotonic): above the alert, a
+        warning at most every ``NOTIFY_QUEUE_LOG_INTERVAL_SECONDS``, and polling until it falls
+        back."""
+        high = usage > NOTIFY_QUEUE_ALERT_USAGE
+        said_at = self._high_said_at
+        if high and (said_at is None or now - said_at >= NOTIFY_QUEUE_LOG_INTERVAL_SECONDS):
+            logger.warning(
+                "wake-ups: PostgreSQL's NOTIFY queue is %.0f%% full (above %.0f%%): a session "
+                "that LISTENs and stays idle in a transaction holds it (pg_stat_activity; "
+                "PostgreSQL's log names its pid); NOTIFYs fail once it is full: polling every "
+                "%g s meanwhile",
+                usage * 100,
+                NOTIFY_QUEUE_ALERT_USAGE * 100,
+                FALLBACK_POLL_SECONDS,
+            )
+            self._high_said_at = now
+        elif not high and self._queue_high:
+            logger.info(
+                "wake-ups: PostgreSQL's NOTIFY queue is back to %.0f%% full; waiting for "
+                "wake-ups again",
+                usage * 100,
+            )
+            self._high_said_at = None
+        self._queue_high = high
+        self._poll(now)
+
+    def _notify_failed(self, now: float) -> None:
+        if not self.polling(now):
+            logger.warning(
+                "wake-ups: a NOTIFY failed; polling every %g s for %g s",
+                FALLBACK_POLL_SECONDS,
+                NOTIFY_FAILED_POLL_SECONDS,
+            )
+        self._notify_failed_at = now
+        self._poll(now)
+
     async def after_run(self, relay_store: store.RelayStore, summary: DrainSummary) -> None:
-        """Wake the next run when it is needed: now, after a database error, or when the next
-        message comes due."""
+        """Wake the next run when it is needed: now, after a database error, when the next
+        message comes due, or, while polling, in ``FALLBACK_POLL_SECONDS``."""
         if summary.stopped_by == "error":
             await self.wake_in(DATABASE_RETRY_SECONDS)
             return
+        self._poll(time.monotonic())
         if summary.released and summary.stopped_by in ("budget", "stopped"):
             await self.wake_now()
         try:
@@ -111,7 +183,10 @@ class WakeUps(Closeable):
         ``OUTBOX_WAKEUP=postgres``, else a queue message where a queue is configured."""
         self._arm(time.monotonic())
         if self._notifier is not None:
-            return await self._notifier.notify_wakeup()
+            sent = await self._notifier.notify_wakeup()
+            if not sent:
+                self._notify_failed(time.monotonic())
+            return sent
         return await self._queue_client().notify() if self._uses_queue else False
 
     async def wake_in(self, seconds: float) -> bool:

@@ -40,6 +40,7 @@ async def test_status_of_an_empty_outbox_is_healthy(db: Any, outbox_layout: str)
         "open_breakers": [],
         "paused_endpoints": [],
         "alert_threshold_seconds": 900,
+        "notify_queue_usage": 0.0,  # nobody holds PostgreSQL's NOTIFY queue
         "healthy": True,
         "problems": [],
         "estimated_counts": [],  # status counts every row
