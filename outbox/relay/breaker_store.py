@@ -9,6 +9,7 @@ breaker's news, never the delivery: it is logged and the book keeps what it know
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -19,6 +20,9 @@ from outbox.core.logs import log_event
 from outbox.relay.breakers import COOL_DOWN_SECONDS, THRESHOLD, BreakerBook, Close, Count, Key
 
 logger = logging.getLogger("outbox.breakers")
+# How often a run that is delivering reads which endpoints an operator paused: a pause stops new
+# requests within about this long, whatever the run had leased (the next lease may be far off).
+PAUSE_CHECK_SECONDS = 1.0
 
 
 class Breakers:
@@ -47,6 +51,16 @@ class Breakers:
         finally:  # also when cancelled: then the database's word is awaited from the next lease
             self.book.claimed(key, claimed)
         return claimed
+
+    async def watch_pauses(self, every: float = PAUSE_CHECK_SECONDS) -> None:
+        """Read the paused endpoints every ``every`` seconds until cancelled (a run's whole
+        length). A database error skips a reading: the last one, or the lease's, stands."""
+        while True:
+            await asyncio.sleep(every)
+            try:
+                self.book.learn_paused(await self._store.paused_keys())
+            except DatabaseError:
+                continue
 
     async def write(self, decision: Count | Close) -> None:
         """Persist what the book decided (``BreakerBook.observed``)."""

@@ -9,7 +9,9 @@ success closing the breaker and a failure opening it again for longer. Any answe
 failure (2xx, 4xx but 408/429) closes it too: the endpoint is there.
 
 An endpoint paused by an operator (``outbox_paused_endpoints``, read by each lease with the
-breakers) is refused the same way, for ``PAUSED_RETRY_SECONDS`` at a time, until it is resumed.
+breakers, and about once a second while a run delivers) is refused the same way, for
+``PAUSED_RETRY_SECONDS`` at a time, until it is resumed: requests in flight finish, those not
+started yet are not made.
 
 The breakers are shared by every relay through the database. ``BreakerBook`` is what this
 process knows of them: it acts on its own observations at once (a dead endpoint must not hold its
@@ -129,6 +131,10 @@ class BreakerBook:
             ):
                 fresh[key] = mine  # newer than what the lease read, or not written yet
         self._known = fresh
+
+    def learn_paused(self, paused: frozenset[Key]) -> None:
+        """The endpoints paused now, read between leases (``Breakers.watch_pauses``)."""
+        self._paused = paused
 
     def holds_back(self, key: Key) -> bool:
         """Whether ``key``'s deliveries wait for this process's probe to be answered."""

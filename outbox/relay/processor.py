@@ -83,6 +83,7 @@ class OutboxProcessor:
         self._telemetry = telemetry or process_telemetry()
         admission = Admission(settings.concurrency, max_waiting(settings))
         breakers = Breakers(relay_store, self._other_endpoints)
+        self._breakers = breakers
         classifier = Classifier(settings.max_attempts, self._endpoints, self._redact)
         self._leaser = Leaser(
             relay_store,
@@ -167,6 +168,8 @@ class OutboxProcessor:
         def start(batch: Batch) -> None:
             self._start(batch, work, batches, spawn)
 
+        # A pause must stop what this run leased too, not only the next lease's messages.
+        pauses = asyncio.create_task(self._breakers.watch_pauses())
         try:
             if run.rule.sweeps:
                 await self._store.release_held(hold_on_failure=self._hold)
@@ -183,9 +186,9 @@ class OutboxProcessor:
                 await finish(batches, self._redact)
             finally:
                 # Also when cancelled while the last batches finish: no loop outlives the run.
-                for task in loops:
+                for task in (*loops, pauses):
                     task.cancel()
-                await asyncio.gather(*loops, return_exceptions=True)
+                await asyncio.gather(*loops, pauses, return_exceptions=True)
                 self._endpoint_slots.listeners.discard(work)
                 work.clear()
                 summary.duration_seconds = time.monotonic() - started

@@ -99,3 +99,7 @@ class RelayStore(Protocol):
     def claim_probe(self, key: Key, seconds: float) -> Awaitable[bool]:
         """Whether this relay sends the probe of the endpoint (claimed for ``seconds``)."""
         ...
+
+    def paused_keys(self) -> Awaitable[frozenset[Key]]:
+        """The endpoints an operator paused, read now (a run asks while it delivers)."""
+        ...

@@ -103,6 +103,8 @@ class MemoryStore:
     calls: list[str] = field(default_factory=list)
     # Wake-ups sent (notify_wakeup): the NOTIFYs a listening relay would have heard.
     wakeups_sent: int = 0
+    # Endpoints an operator paused (outbox_paused_endpoints).
+    paused: set[Key] = field(default_factory=set)
     _seq: int = field(default=0, init=False, repr=False)  # the ordering sequence
 
     def add(
@@ -208,16 +210,21 @@ class MemoryStore:
         return sorted(rows, key=lambda r: r.ordering_seq or 0)
 
     def _troubled(self, now: float) -> list[BreakerSeen]:
-        return [
+        counted = [
             BreakerSeen(
                 *key,
                 e.failures,
                 None if e.reopen_at is None else e.reopen_at - now,
                 e.probe_until is not None and e.probe_until > now,
+                key in self.paused,
             )
             for key, e in self.endpoints.items()
             if e.failures > 0 or e.reopen_at is not None
         ]
+        only_paused = [
+            BreakerSeen(*key, 0, None, False, True) for key in self.paused - set(self.endpoints)
+        ]
+        return counted + only_paused
 
     async def endpoints_tried(
         self, message_ids: Sequence[UUID]
@@ -415,6 +422,10 @@ class MemoryStore:
     async def endpoint_recovered(self, key: Key) -> None:
         self._call("endpoint_recovered")
         self.endpoints.pop(key, None)
+
+    async def paused_keys(self) -> frozenset[Key]:
+        self._call("paused_keys")
+        return frozenset(self.paused)
 
     async def claim_probe(self, key: Key, seconds: float) -> bool:
         now = self._call("claim_probe")

@@ -7,6 +7,7 @@ Shared by the CLI (``python -m outbox status | requeue | purge | show``) and the
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -21,8 +22,15 @@ from outbox.store import partitions
 from outbox.store import postgres as store
 
 MAX_LISTED_IDS = 1000
+# How show says a payload is given as the database's text, before why.
+UNREADABLE = "payload shown as the database's text, not decoded"
 # A host clock further off the database's than this is reported by status.
 MAX_CLOCK_OFFSET_SECONDS = 60.0
+# PostgreSQL's NOTIFY queue in use above this fraction is reported by status, and makes
+# ``outbox serve`` poll (OUTBOX_WAKEUP=postgres). PostgreSQL warns in its own log from the same
+# point; a healthy queue holds only what listeners have not read yet (a few pages of 8 KB, under
+# 0.1 % of the default 8 GB), and half of it left is room to act before NOTIFY fails.
+NOTIFY_QUEUE_ALERT_USAGE = 0.5
 
 
 @dataclass(slots=True)
@@ -38,11 +46,16 @@ class BacklogStatus:
     held_back: int
     # This host's clock minus the database's, in seconds.
     clock_offset_seconds: float
-    # Endpoints whose circuit breaker is open: since when, the next probe, failures in a row.
+    # Endpoints whose circuit breaker holds deliveries back: "open" (cooling down until
+    # next_probe) or "half-open" (next_probe has passed and a message waits: its next delivery
+    # is the probe), since when, failures in a row. One past its cool-down with nothing waiting
+    # holds nothing back and is not listed.
     open_breakers: list[dict[str, Any]]
     # Endpoints paused by an operator (console, `python -m outbox pause`): since when, by whom.
     paused_endpoints: list[dict[str, Any]]
     alert_threshold_seconds: float
+    # The fraction of PostgreSQL's NOTIFY queue in use (the OUTBOX_WAKEUP=postgres wake-ups').
+    notify_queue_usage: float
     healthy: bool
     problems: list[str] = field(default_factory=list)
     # Statuses whose count is an estimate (the console's overview, over many Processed rows).
@@ -60,6 +73,7 @@ async def backlog_status(
     *,
     telemetry: Telemetry | None = None,
     processed_up_to: int | None = None,
+    notify_wakeups: bool = False,
 ) -> BacklogStatus:
     """The backlog's health against ``OUTBOX_ALERT_OLDEST_PENDING_SECONDS``.
 
@@ -75,6 +89,7 @@ async def backlog_status(
     row = await store.backlog_status(conn, processed_up_to)
     breakers = await store.open_breakers(conn)
     paused = await store.paused_endpoints(conn)
+    notify_usage = await store.notify_queue_usage(conn)
     offset = (sent + time.time()) / 2 - row["database_now"]
     oldest = row["oldest_unpublished_age_seconds"]
     problems = []
@@ -89,6 +104,10 @@ async def backlog_status(
             "the database's: signatures carry the database's time, but check the host's time "
             "synchronisation (NTP)"
         )
+    # A full queue is the relay's problem where its wake-ups are NOTIFYs (OUTBOX_WAKEUP=postgres);
+    # elsewhere it is reported as a figure only, not as the backlog's ill health.
+    if notify_wakeups and (notify_problem := notify_queue_problem(notify_usage)) is not None:
+        problems.append(notify_problem)
     layout: dict[str, Any] = {"layout": "plain"}
     if row["partitioned"]:
         async with store.acquired(conn) as connection:
@@ -100,7 +119,9 @@ async def backlog_status(
         others = counts["Pending"] + counts["Processing"] + counts["Failed"]
         counts["Processed"] = max(processed_up_to, (row["estimated_rows"] or 0) - others)
         estimated.append("Processed")
-    (telemetry or process_telemetry()).record_backlog(Backlog(counts, oldest, len(breakers)))
+    observed = telemetry or process_telemetry()
+    observed.record_backlog(Backlog(counts, oldest, len(breakers)))
+    observed.record_notify_queue_usage(notify_usage)
     return BacklogStatus(
         counts=counts,
         oldest_due_pending_age_seconds=_rounded(row["oldest_due_pending_age_seconds"]),
@@ -113,6 +134,7 @@ async def backlog_status(
             {
                 "event_type": b["event_type"],
                 "endpoint": b["endpoint"],
+                "state": b["state"],
                 "since": _iso(b["opened_at"]),
                 "next_probe": _iso(b["reopen_at"]),
                 "probing": bool(b["probing"]),
@@ -130,10 +152,24 @@ async def backlog_status(
             for p in paused
         ],
         alert_threshold_seconds=threshold_seconds,
+        notify_queue_usage=round(notify_usage, 4),
         estimated_counts=estimated,
         layout=layout,
         healthy=not problems,
         problems=problems,
+    )
+
+
+def notify_queue_problem(usage: float) -> str | None:
+    """What status says of PostgreSQL's NOTIFY queue at ``usage`` (0 to 1): None up to
+    ``NOTIFY_QUEUE_ALERT_USAGE``."""
+    if usage <= NOTIFY_QUEUE_ALERT_USAGE:
+        return None
+    return (
+        f"PostgreSQL's NOTIFY queue is {usage:.0%} full (threshold "
+        f"{NOTIFY_QUEUE_ALERT_USAGE:.0%}): a session that LISTENs and stays idle in a transaction "
+        "holds it (pg_stat_activity; PostgreSQL's log names its pid). Once full, every NOTIFY "
+        "fails: OUTBOX_WAKEUP=postgres wake-ups are lost and serve polls every few seconds"
     )
 
 
@@ -274,12 +310,31 @@ async def show(conn: store.Connection, message_id: UUID) -> dict[str, Any] | Non
     message = await store.fetch_message(conn, message_id)
     if message is None:
         return None
-    if isinstance(message["payload"], str):
-        message["payload"] = json.loads(message["payload"])  # the JSON object, not its text
+    message["payload"], message["payload_as_text"] = read_payload(message["payload"])
     message["attempts"] = await store.fetch_attempts(conn, message_id)
     state = message.pop("endpoint_state")
     message["endpoints"] = endpoints_of(message, json.loads(state) if state else None)
     return finished(message)
+
+
+def read_payload(stored: Any) -> tuple[Any, str | None]:
+    """A payload as ``show`` gives it: the JSON value, not its text; or, when Python cannot
+    decode it or write it out again, the database's text of it and why (``payload_as_text``).
+    SQL stores what ``enqueue`` refuses and the relay still delivers: jsonb nested thousands
+    deep, a number of thousands of digits."""
+    if not isinstance(stored, str):
+        return stored, None
+    try:
+        value = json.loads(stored)
+        json.dumps(value)  # what show prints: nested deeper than it follows, it fails here
+    except RecursionError:
+        return stored, f"{UNREADABLE}: nested deeper than Python's JSON decoder follows"
+    except ValueError:  # the database's jsonb text is JSON: what is left is a number's length
+        return stored, (
+            f"{UNREADABLE}: it holds a number of more than {sys.get_int_max_str_digits()} "
+            "digits, Python's limit"
+        )
+    return value, None
 
 
 def finished(message: dict[str, Any]) -> dict[str, Any]:

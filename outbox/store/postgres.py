@@ -61,6 +61,12 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.OperatorInterventionError,
     asyncpg.exceptions.InsufficientResourcesError,
 )
+# How asyncpg's InternalClientError begins when a statement was to go out on a connection still
+# busy with something else. On a pooled connection that is one whose server has just closed it
+# (pg_terminate_backend, a restart, a failover): it has read the termination notice but not yet
+# the end of the stream, so the pool, which replaces a connection it has seen close, handed it
+# out. Nothing was sent.
+_NOT_SENT = "cannot switch to state"
 
 logger = logging.getLogger("outbox.store")
 
@@ -68,11 +74,18 @@ logger = logging.getLogger("outbox.store")
 def database_boundary(
     operation: Callable[P, Awaitable[T]],
 ) -> Callable[P, Coroutine[Any, Any, T]]:
-    """Raise every driver error of ``operation`` as a ``DatabaseError``."""
+    """Raise every driver error of ``operation`` as a ``DatabaseError``; where a pooled
+    connection that the server had just closed refused its statement unsent, run it once more
+    on a new connection first (``_renewed_after``)."""
 
     @functools.wraps(operation)
     async def guarded(*args: P.args, **kwargs: P.kwargs) -> T:
         try:
+            try:
+                return await operation(*args, **kwargs)
+            except asyncpg.InternalClientError as exc:
+                if not await _renewed_after(exc, args):
+                    raise
             return await operation(*args, **kwargs)
         except EntraTokenError as exc:  # one line already, and never with the token
             raise DatabaseError(str(exc), transient=True, kind=type(exc).__name__) from None
@@ -82,6 +95,24 @@ def database_boundary(
             raise DatabaseError(describe(exc), transient=False, kind=type(exc).__name__) from exc
 
     return guarded
+
+
+async def _renewed_after(exc: asyncpg.InternalClientError, args: tuple[object, ...]) -> bool:
+    """Whether ``exc`` refused a statement of a pool (the first argument) before it was sent,
+    on a connection the server had just closed; if so, the pool's connections are renewed, so
+    that the operation may run once more, as it would have on a connection seen to close. Every
+    operation here that takes a pool runs one statement, or one transaction, or reads before it
+    writes: run again, it does nothing twice."""
+    pool = args[0] if args else None
+    if not (isinstance(pool, asyncpg.Pool) and str(exc).startswith(_NOT_SENT)):
+        return False
+    logger.warning(
+        "database connection closed by the server before a statement went out (%s); "
+        "sending it on a new connection",
+        type(exc).__name__,
+    )
+    await pool.expire_connections()
+    return True
 
 
 _ENTRY = re.compile(r"^-- ([a-z_]+) --$", re.MULTILINE)
@@ -335,6 +366,13 @@ async def listen_for_wakeups(
 async def ping(conn: Connection) -> None:
     """Nothing, or DatabaseError where ``conn`` no longer answers."""
     await conn.execute(QUERIES["ping"])
+
+
+@database_boundary
+async def notify_queue_usage(conn: Connection) -> float:
+    """The fraction of the server's NOTIFY queue in use, 0 to 1 (pg_notification_queue_usage)."""
+    usage: float = await conn.fetchval(QUERIES["notify_queue_usage"])
+    return usage
 
 
 @database_boundary
@@ -996,6 +1034,9 @@ class PostgresStore:
     def claim_probe(self, key: tuple[str, str], seconds: float) -> Coroutine[Any, Any, bool]:
         return claim_probe(self.pool, key, seconds)
 
+    def paused_keys(self) -> Coroutine[Any, Any, frozenset[tuple[str, str]]]:
+        return paused_keys(self.pool)
+
 
 class MessageFilter(NamedTuple):
     """The console's message filters, each applied when not None (``endpoint_of``: the event
@@ -1073,12 +1114,21 @@ async def console_messages(
 
 @asynccontextmanager
 async def acquired(conn: Connection) -> AsyncIterator[Connection]:
-    """A connection of the pool ``conn`` (or ``conn`` itself, a connection)."""
+    """A connection of the pool ``conn`` (or ``conn`` itself, a connection); a database that
+    cannot be reached is a ``DatabaseError`` here too."""
     if isinstance(conn, asyncpg.Pool):
-        async with conn.acquire() as connection:
+        connection = await _acquire(conn)
+        try:
             yield connection
+        finally:
+            await conn.release(connection)
     else:
         yield conn
+
+
+@database_boundary
+async def _acquire(pool: asyncpg.Pool) -> Connection:
+    return await pool.acquire()
 
 
 @database_boundary
@@ -1098,6 +1148,13 @@ async def console_overview(conn: Connection, failed_sample: int) -> dict[str, An
 @database_boundary
 async def paused_endpoints(conn: Connection) -> list[dict[str, Any]]:
     return [dict(row) for row in await conn.fetch(QUERIES["paused_endpoints"])]
+
+
+@database_boundary
+async def paused_keys(conn: Connection) -> frozenset[tuple[str, str]]:
+    """The endpoints paused by an operator, as (event type, name)."""
+    rows = await conn.fetch(QUERIES["paused_endpoint_keys"])
+    return frozenset((row["event_type"], row["endpoint"]) for row in rows)
 
 
 @database_boundary

@@ -609,6 +609,12 @@ RETURNING m.outbox_message_id;
 -- docs/performance.md#wake-ups-over-postgresql
 SELECT pg_notify('outbox_wakeup', '');
 
+-- notify_queue_usage --
+-- The fraction of PostgreSQL's NOTIFY queue (one per server, every channel's) taken by
+-- notifications some LISTENing session has not read yet; NOTIFY fails once it is full. A session
+-- that LISTENs and stays idle in a transaction holds everything sent after it began.
+SELECT pg_notification_queue_usage()::float8 AS usage;
+
 -- ping --
 -- Whether a connection still answers (the LISTENing one of OUTBOX_WAKEUP=postgres, /readyz).
 SELECT 1;
@@ -1025,12 +1031,26 @@ WHERE event_type = $1 AND endpoint = $2
 RETURNING true AS claimed;
 
 -- open_breakers --
--- The endpoints whose breaker is open or waiting for its probe, for status
-SELECT event_type, endpoint, consecutive_failures, opens, opened_at, reopen_at,
-       probe_until > now() AS probing
-FROM outbox_endpoints
-WHERE reopen_at IS NOT NULL
-ORDER BY event_type, endpoint;
+-- The endpoints whose breaker holds deliveries back, for status and endpoints, with its state:
+-- 'open' while its cool-down runs; 'half-open' once that has passed while a probe is out or a
+-- message waits for the endpoint (Pending or Processing, of its event type, not yet done there):
+-- the next delivery is the probe that decides. A breaker whose cool-down has passed with nothing
+-- waiting for it holds nothing back and is not listed (its row stays until an answer closes it:
+-- the next message is sent at once, as its probe). The EXISTS runs only for those past their
+-- cool-down, and stops at the first waiting message.
+SELECT e.event_type, e.endpoint, e.consecutive_failures, e.opens, e.opened_at, e.reopen_at,
+       e.probe_until > now() AS probing,
+       CASE WHEN e.reopen_at > now() THEN 'open' ELSE 'half-open' END AS state
+FROM outbox_endpoints AS e
+WHERE e.reopen_at IS NOT NULL
+  AND (e.reopen_at > now()
+       OR e.probe_until > now()
+       OR EXISTS (
+            SELECT 1 FROM outbox_messages AS m
+            WHERE m.status IN ('Pending', 'Processing')
+              AND m.event_type = e.event_type
+              AND COALESCE(m.endpoint_state -> e.endpoint ->> 'status', 'Pending') = 'Pending'))
+ORDER BY e.event_type, e.endpoint;
 
 -- console_scanned --
 -- Not a statement: the clause the console's list reads from (store.console_statement), the newest
@@ -1167,6 +1187,10 @@ SELECT event_type, endpoint, paused_at, paused_by
 FROM outbox_paused_endpoints
 ORDER BY event_type, endpoint;
 
+-- paused_endpoint_keys --
+-- The endpoints paused by hand, as a run reads them while it delivers (about once a second)
+SELECT event_type, endpoint FROM outbox_paused_endpoints;
+
 -- pause_endpoint --
 -- Pause endpoint ($1 event type, $2 name) for every relay, by key $3; true if it was not paused
 INSERT INTO outbox_paused_endpoints (event_type, endpoint, paused_by)
@@ -1207,6 +1231,22 @@ RETURNING created_at;
 -- finish_action --
 -- Action $1 done: how many rows it touched ($2) and its result ($3)
 UPDATE outbox_console_actions SET affected = $2, result = $3::jsonb WHERE action_id = $1;
+
+-- start_action --
+-- Action $1's first progress ($2), unless it has some: a requeue in batches recorded by a call
+-- that ended before writing it (or by a call racing this one) goes on rather than wait for ever
+UPDATE outbox_console_actions SET result = $2::jsonb WHERE action_id = $1 AND result IS NULL;
+
+-- run_action --
+-- Whether this session runs action $1 now: a session-level advisory lock on the action's id,
+-- tried, never waited for (false: another call runs it). It ends with the session, so a call
+-- whose session was ended while it ran (terminated, connection lost) leaves no run behind, and
+-- the action's next call runs it again. Released by end_action_run.
+SELECT pg_try_advisory_lock(hashtextextended('outbox_console_actions:' || $1, 0));
+
+-- end_action_run --
+-- This session has finished running action $1 (run_action): another call may run it
+SELECT pg_advisory_unlock(hashtextextended('outbox_console_actions:' || $1, 0));
 
 -- lock_action --
 -- Action $1's progress, its row locked until the transaction ends: the next batch of a requeue

@@ -14,6 +14,7 @@ from uuid import UUID
 import pytest
 
 from outbox import store
+from outbox.store import postgres
 from outbox.store.memory import MemoryStore
 
 
@@ -59,6 +60,10 @@ class Harness:
 
     async def cool_down_over(self, key: tuple[str, str]) -> None:
         """The endpoint's cool-down ends now."""
+        raise NotImplementedError
+
+    async def pause(self, key: tuple[str, str]) -> None:
+        """An operator pauses the endpoint (``python -m outbox pause``)."""
         raise NotImplementedError
 
 
@@ -124,6 +129,9 @@ class PostgresHarness(Harness):
             *key,
         )
 
+    async def pause(self, key: tuple[str, str]) -> None:
+        assert await postgres.pause_endpoint(self.db, key, "operator")
+
 
 class MemoryHarness(Harness):
     name = "memory"
@@ -163,6 +171,9 @@ class MemoryHarness(Harness):
 
     async def cool_down_over(self, key: tuple[str, str]) -> None:
         self.memory.endpoints[key].reopen_at = time.time() - 1
+
+    async def pause(self, key: tuple[str, str]) -> None:
+        self.memory.paused.add(key)
 
 
 @pytest.fixture(params=["postgres", "memory"])

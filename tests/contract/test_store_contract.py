@@ -316,3 +316,14 @@ async def test_an_open_breaker_leaves_messages_that_wait_for_another_endpoint(
 
 async def test_a_wake_up_is_sent(harness: Harness) -> None:
     assert await harness.store.notify_wakeup() is True
+
+
+async def test_the_paused_endpoints_are_read_as_keys_and_a_lease_sees_them_too(
+    harness: Harness,
+) -> None:
+    assert await harness.store.paused_keys() == frozenset()
+    await harness.pause(KEY)
+    assert await harness.store.paused_keys() == frozenset({KEY})
+    await harness.add()
+    lease = await harness.store.lease_batch(10, LEASE_SECONDS)
+    assert [(b.event_type, b.endpoint, b.paused) for b in lease.troubled or []] == [(*KEY, True)]

@@ -4,7 +4,9 @@ without spending attempts, and it never holds up a healthy endpoint."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import uuid
 from typing import Any
 
 import asyncpg
@@ -13,7 +15,7 @@ import pytest
 from outbox import store
 from outbox.relay.breaker_store import Breakers
 from outbox.relay.breakers import PROBE, THRESHOLD
-from tests.support.outbox_helpers import eventually, open_relay, seed, seed_many, statuses
+from tests.support.outbox_helpers import eventually, open_relay, run_cli, seed, seed_many, statuses
 from tests.support.raw_server import RawServer
 from tests.support.receiver import Received, Receiver, Reply
 from tests.support.relay_process import relay_env, run_relay
@@ -306,3 +308,41 @@ async def test_a_relay_told_to_stop_while_it_claims_a_probe_does_not_send_it(
         message_id,
     )
     assert (row["status"], row["attempt_count"]) == ("Pending", 0)
+
+
+async def test_a_pause_stops_what_a_run_already_leased_and_resume_sends_it(
+    db: Any, database_url: str, receiver: Receiver, make_settings: Any
+) -> None:
+    """Found: with 40 messages in one lease to an endpoint taking one request at a time, a pause
+    reached none of them (it was read at the next lease only): all 40 went out during it."""
+    release = asyncio.Event()
+    receiver.script("/paused", Reply(hold=release), then=Reply())
+    ids = await seed_many(db, 10, event_type="Slow")
+    webhooks = {"Slow": {"url": receiver.url("/paused"), "max_concurrency": 1}}
+    settings = make_settings(webhooks=webhooks, batch_size=10)
+    operator = {"OUTBOX_DATABASE_URL": database_url, "OUTBOX_WEBHOOKS": json.dumps(webhooks)}
+    key = ("Slow", "Slow")
+    async with open_relay(settings) as relay:
+        run = asyncio.create_task(relay.processor.execute())
+        await eventually(lambda: len(receiver.requests) == 1)  # the first, held; nine leased
+        paused = await run_cli("pause", "Slow", env=operator)
+        assert paused.returncode == 0, paused.stderr
+        # The running run reads it (about once a second) though it leases nothing meanwhile.
+        await eventually(lambda: relay.processor._breakers.book.paused(key))
+        release.set()  # the request in flight finishes; no new one starts
+        summary = await run
+    assert len(receiver.requests) == 1
+    assert (summary.leased, summary.processed) == (10, 1)
+    rows = await db.fetch(
+        "SELECT status, attempt_count, next_attempt_at > now() + interval '1 minute' AS later "
+        "FROM outbox_messages WHERE outbox_message_id <> $1",
+        uuid.UUID(receiver.requests[0].webhook_id),
+    )
+    # Back to Pending, no attempt spent, waiting for the endpoint's resume.
+    assert {(r["status"], r["attempt_count"], r["later"]) for r in rows} == {("Pending", 0, True)}
+    resumed = await run_cli("resume", "Slow", env=operator)
+    assert resumed.returncode == 0, resumed.stderr
+    async with open_relay(settings) as relay:
+        await relay.processor.execute()
+    assert await statuses(db) == {"Processed": 10}
+    assert {r.webhook_id for r in receiver.requests} == {str(i) for i in ids}
