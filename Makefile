@@ -23,6 +23,7 @@ check: $(VENV)/.dev-deps
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m tests.support.iac_scan   # checkov over infra/azuredeploy.json, in .venv-checkov
+	$(BIN)/hadolint Dockerfile
 
 # The benchmark against its peers (every section: most of an hour on 2 cores, not timed whole;
 # results into docs/benchmarks/). BENCH_ARGS adds options.
