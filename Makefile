@@ -40,12 +40,15 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 
-$(VENV)/.run-deps: requirements.txt requirements-local.txt | $(BIN)/python
+# The package itself too, editable: `python -m outbox` works from any folder with this venv.
+$(VENV)/.run-deps: requirements.txt requirements-local.txt pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -r requirements-local.txt
+	$(BIN)/pip install -q --no-deps -e .
 	touch $@
 
-$(VENV)/.dev-deps: requirements.txt requirements-local.txt requirements-dev.txt | $(BIN)/python
+$(VENV)/.dev-deps: requirements.txt requirements-local.txt requirements-dev.txt pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -r requirements-dev.txt
+	$(BIN)/pip install -q --no-deps -e .
 	touch $@ $(VENV)/.run-deps
 
 $(VENV)/.bench-deps: bench/requirements.txt $(VENV)/.dev-deps

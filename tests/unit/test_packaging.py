@@ -27,6 +27,8 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
     assert shipped == [p.as_posix() for p in sources]
     assert any(name.startswith("inbox/") for name in shipped)
     assert "outbox/host.json" in names
+    # The console's page, put together from its HTML, style and script when it is imported.
+    assert {f"outbox/azure/assets/console.{kind}" for kind in ("html", "css", "js")} <= set(names)
     assert not [n for n in names if n.startswith(("tests/", "bench/", "function_app"))]
     metadata = zipfile.ZipFile(wheel).read(
         next(n for n in names if n.endswith(".dist-info/METADATA"))
@@ -49,7 +51,8 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
         "import outbox, outbox.store, outbox.store.migrate as m; "
         "print(outbox.__file__); print(callable(outbox.enqueue)); "
         "print('lease_batch' in outbox.store.QUERIES); print(len(m.discover())); "
-        "print(len(m.discover(m.INBOX_MIGRATIONS_DIR)))"
+        "print(len(m.discover(m.INBOX_MIGRATIONS_DIR))); "
+        "import outbox.azure.console_page as c; print('__CONSOLE' not in c.PAGE)"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe],
@@ -59,9 +62,9 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
         cwd=tmp_path,
         env={"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"},
     )
-    where, importable, statements, migrations, inbox_migrations = done.stdout.split()
+    where, importable, statements, migrations, inbox_migrations, page = done.stdout.split()
     assert where.startswith(str(site))
-    assert (importable, statements) == ("True", "True")
+    assert (importable, statements, page) == ("True", "True", "True")
     assert int(migrations) + int(inbox_migrations) == len(shipped)
     assert int(inbox_migrations) == len(list((ROOT / "migrations" / "inbox").glob("*.sql")))
 
@@ -96,3 +99,17 @@ def test_no_driver_of_an_extra_is_imported_with_the_package() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
     )
     assert done.stdout.strip() == "[]"
+
+
+def test_the_make_venv_runs_the_command_line_from_any_folder(tmp_path: Path) -> None:
+    # `make` installs the package (editable) into its venv, as a user's environment would hold it.
+    done = subprocess.run(
+        [sys.executable, "-m", "outbox", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert "python -m outbox" in done.stdout
