@@ -119,6 +119,7 @@ class Expressions:
             "max": max,
             "div": lambda a, b: math.trunc(a / b),
             "sub": lambda a, b: a - b,
+            "add": lambda a, b: a + b,
             "less": lambda a, b: a < b,
             "mul": lambda a, b: a * b,
             "string": lambda v: str(v).lower() if isinstance(v, bool) else str(v),

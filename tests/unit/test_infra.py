@@ -164,11 +164,17 @@ def test_the_wake_up_queue_is_the_relays_default_and_has_its_poison_queue() -> N
 
 
 # Flex Consumption scales each scale group on its own: the HTTP functions together, every other
-# function alone (tests/platform/flex-consumption.json, "scaleGroups").
-def scale_groups() -> set[str]:
-    groups = set()
+# function alone (tests/platform/flex-consumption.json, "scaleGroups"); a timer function runs on one
+# instance at a time (its schedule's lease), and a pool opens no connection before its first use.
+def scale_groups() -> dict[str, str]:
+    """Each scale group of the app, and how it scales: "on demand" or "timer"."""
+    groups = {}
     for name, bindings in indexing.EXPECTED.items():
-        groups.add("http" if bindings[0]["type"] == "httpTrigger" else f"function:{name}")
+        kind = bindings[0]["type"]
+        if kind == "httpTrigger":
+            groups["http"] = "on demand"
+        else:
+            groups[f"function:{name}"] = "timer" if kind == "timerTrigger" else "on demand"
     return groups
 
 
@@ -182,12 +188,20 @@ def site_config(**parameters: Any) -> dict[str, Any]:
 
 def test_the_template_counts_every_scale_group_the_app_has() -> None:
     assert scale_groups() == {
-        "http",
-        "function:outbox_queue",
-        "function:outbox_timer",
-        "function:outbox_purge",
+        "http": "on demand",
+        "function:outbox_queue": "on demand",
+        "function:outbox_timer": "timer",
+        "function:outbox_purge": "timer",
     }
-    assert TEMPLATE["variables"]["scaleGroups"] == len(scale_groups())
+    variables = TEMPLATE["variables"]
+    assert variables["onDemandScaleGroups"] == list(scale_groups().values()).count("on demand")
+    assert variables["timerScaleGroups"] == list(scale_groups().values()).count("timer")
+
+
+def worst_case(instances: int, pool: int) -> int:
+    """Every on-demand group at its maximum instance count, each timer on one, every pool full."""
+    kinds = list(scale_groups().values())
+    return (kinds.count("on demand") * instances + kinds.count("timer")) * pool
 
 
 @pytest.mark.parametrize("pool", [2, 3, 4, 7, 100])
@@ -196,8 +210,8 @@ def test_the_template_counts_every_scale_group_the_app_has() -> None:
 def test_the_worst_case_of_connections_stays_within_the_server(
     pool: int, connections: int, sku: str
 ) -> None:
-    """Every scale group at its maximum instance count, every instance's pool full: never more
-    than the relay's share, nor than the server's user connections less the others'."""
+    """Every scale group at its worst, every instance's pool full: never more than the relay's
+    share, nor than the server's user connections less the others'."""
     user = TEMPLATE["variables"]["postgresSkus"][sku]["userConnections"]
     for create in (True, False):
         given = {
@@ -218,26 +232,30 @@ def test_the_worst_case_of_connections_stays_within_the_server(
         pool_size = int(app_settings(**given)["OUTBOX_DB_POOL_SIZE"])
         assert 1 <= instances <= 1000
         assert 2 <= pool_size <= pool
-        worst = len(scale_groups()) * instances * pool_size
-        assert worst <= connections
+        assert worst_case(instances, pool_size) <= connections
         if create:
-            assert worst <= user - values.parameters["otherDatabaseConnections"]
+            assert worst_case(instances, pool_size) <= (
+                user - values.parameters["otherDatabaseConnections"]
+            )
 
 
-def test_the_defaults_give_every_scale_group_the_lowest_maximum_flex_takes() -> None:
+def test_the_defaults_give_every_scale_group_more_than_the_lowest_maximum_flex_takes() -> None:
     config = site_config()["scaleAndConcurrency"]
-    assert config["maximumInstanceCount"] == 40  # 640 = 4 groups * 40 instances * 4
+    assert config["maximumInstanceCount"] == 79  # (640 / 4 - 2 timers) / 2 groups
+    assert worst_case(79, 4) == 640
     assert app_settings()["OUTBOX_DB_POOL_SIZE"] == "4"
     sku = TEMPLATE["variables"]["postgresSkus"][expressions().parameters["postgresSkuName"]]
-    assert sku["userConnections"] >= 4 * 40 * 4 + 100
+    assert sku["userConnections"] >= 640 + 100
+    # One instance takes several HTTP calls at once (Flex's default for Python is one).
+    assert config["triggers"]["http"]["perInstanceConcurrency"] == 16
 
 
 def test_a_budget_below_the_lowest_maximum_fails_at_the_start_saying_why() -> None:
-    with pytest.raises(arm.TemplateError, match="maxDatabaseConnections allows 2 instances"):
+    with pytest.raises(arm.TemplateError, match="maxDatabaseConnections allows 4 instances"):
         site_config(maxDatabaseConnections=40)
     # Where Microsoft allows lower maxima, the user says so and it deploys.
     low = site_config(maxDatabaseConnections=40, lowestMaximumInstanceCount=1)
-    assert low["scaleAndConcurrency"]["maximumInstanceCount"] == 2
+    assert low["scaleAndConcurrency"]["maximumInstanceCount"] == 4  # (40 / 4 - 2) / 2
 
 
 # --- Identity, not keys -----------------------------------------------------------------------
