@@ -8,7 +8,7 @@ history, one attempt per finished message), as months of traffic would leave it:
 Processed, 1% Failed, a backlog of 0.6% at the head (0.5% Pending, 0.1% Processing); five event
 types; a fifth of the messages with one of 50,000 ordering keys; created over 30 days. Then
 ``VACUUM ANALYZE``. Each filter's first page is asked ``repeats`` times through the console's own
-code (``operator.list_messages``) and its plan captured with ``EXPLAIN``: which indexes it reads,
+code (``views.list_messages``) and its plan captured with ``EXPLAIN``: which indexes it reads,
 and whether it reads the table whole (it must not). The overview likewise, and each of its
 statements alone.
 
@@ -27,9 +27,9 @@ from typing import Any
 from bench.common import Database, ReceiverProcess, log, median
 from bench.dbcost import drain_with
 from bench.scale import plan_nodes
-from outbox.core.queries import MessageQuery
-from outbox.store import QUERIES, operator
-from outbox.store import postgres as store
+from outbox.operations import views
+from outbox.operations.list_query import MessageQuery
+from outbox.operations.sql import QUERIES, row
 
 EVENT_TYPES = ("OrderPlaced", "OrderPaid", "OrderShipped", "InvoiceIssued", "CustomerUpdated")
 ENDPOINTS = {
@@ -120,11 +120,11 @@ def scan_nodes(explained: Any) -> list[list[str]]:
 
 
 async def explain_list(conn: Any, query: MessageQuery) -> list[list[str]]:
-    wanted = operator.message_filter(query, ENDPOINTS)
-    args = store.console_message_arguments(wanted, query.after, query.limit + 1)
+    wanted = views.message_filter(query, ENDPOINTS)
+    args = views.console_message_arguments(wanted, query.after, query.limit + 1)
     async with conn.transaction():
         await conn.execute("SET LOCAL plan_cache_mode = force_custom_plan")
-        text = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {store.console_statement()}", *args)
+        text = await conn.fetchval(f"EXPLAIN (FORMAT JSON) {views.console_statement()}", *args)
     return scan_nodes(text)
 
 
@@ -150,11 +150,11 @@ async def measure_filters(conn: Any, rows: int, repeats: int) -> dict[str, Any]:
     for name, fields in filters(rows).items():
         query = MessageQuery(**fields)
         timings, page = await time_calls(
-            repeats, lambda q=query: operator.list_messages(conn, q, ENDPOINTS)
+            repeats, lambda q=query: views.list_messages(conn, q, ENDPOINTS)
         )
         used = await explain_list(conn, query)
         # On a table a few times the scan limit, reading it whole is the cheaper plan.
-        if rows >= 10 * store.CONSOLE_SCAN_LIMIT and ["Seq Scan", "outbox_messages", ""] in used:
+        if rows >= 10 * views.CONSOLE_SCAN_LIMIT and ["Seq Scan", "outbox_messages", ""] in used:
             raise AssertionError(f"console ({name}): the list reads the whole table: {used}")
         results[name] = _summary(timings) | {
             "rows": len(page["messages"]),
@@ -168,16 +168,17 @@ async def measure_filters(conn: Any, rows: int, repeats: int) -> dict[str, Any]:
 
 async def measure_overview(conn: Any, repeats: int) -> dict[str, Any]:
     """The overview through the console's code, and each of its statements alone."""
-    timings, shown = await time_calls(repeats, lambda: operator.overview(conn, 3600.0, ENDPOINTS))
+    timings, shown = await time_calls(repeats, lambda: views.overview(conn, 3600.0, ENDPOINTS))
     parts = {
-        "backlog_status (Processed counted up to "
-        f"{operator.PROCESSED_COUNTED:,})": lambda: store.backlog_status(
-            conn, operator.PROCESSED_COUNTED
+        f"backlog_status (Processed counted up to {views.PROCESSED_COUNTED:,})": lambda: row(
+            conn, "backlog_status", views.PROCESSED_COUNTED
         ),
-        "backlog_status (every row counted, as `status`)": lambda: store.backlog_status(conn),
+        "backlog_status (every row counted, as `status`)": lambda: row(
+            conn, "backlog_status", None
+        ),
         "console_rates": lambda: conn.fetch(QUERIES["console_rates"]),
         "console_failure_reasons": lambda: conn.fetch(
-            QUERIES["console_failure_reasons"], operator.FAILED_SAMPLE
+            QUERIES["console_failure_reasons"], views.FAILED_SAMPLE
         ),
         "console_held_keys": lambda: conn.fetch(QUERIES["console_held_keys"]),
     }
@@ -282,7 +283,7 @@ async def measure(
         "rows": rows,
         "counts": counts,
         "repeats": repeats,
-        "scan_limit": store.CONSOLE_SCAN_LIMIT,
+        "scan_limit": views.CONSOLE_SCAN_LIMIT,
         "fill": timing,
         "list": listed,
         "overview": shown,

@@ -4,8 +4,8 @@ Per round, in an order drawn at random, the same backlog is drained by one relay
 (``bench.worker relay``) to the instant receiver three ways:
 
 - ``no_sdk``: no SDK configured, as the relay ships (the API's no-ops);
-- ``otlp``: ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, so ``Relay.open`` sets up the SDK as
-  ``outbox.core.telemetry.configure()`` does: a ``BatchSpanProcessor`` and a
+- ``otlp``: ``OTEL_EXPORTER_OTLP_ENDPOINT`` set, so the worker sets up the SDK as the hosts
+  do before they open a relay (``outbox.telemetry.configure()``): a ``BatchSpanProcessor`` and a
   ``PeriodicExportingMetricReader``, both exporting OTLP/HTTP protobuf, with their defaults;
   every delivery's span is sampled;
 - ``otlp_sampled``: the same, with one message in ``SAMPLED_ONE_IN`` carrying a sampled

@@ -9,8 +9,8 @@ the median of the rounds' ratios with their spread.
   the two newer days end at the fill's moment and begin an hour after its moment two days ago,
   so that ``operations.purge(retention_days=2)`` removes exactly the oldest day's Processed rows
   on either layout. The purge runs while a producer commits one message a transaction at
-  ``rate`` per second and a relay-like loop leases (``store.lease_batch``) every 20 ms and
-  records the outcomes (``store.record_delivered``), both timed, as they were for ``quiet``
+  ``rate`` per second and a relay-like loop leases (``PostgresStore.lease_batch``) every 20 ms and
+  records the outcomes (``PostgresStore.record_delivered``), both timed, as they were for ``quiet``
   seconds before it. Measured: the purge's wall time; its WAL (its own backend's, from
   ``pg_stat_get_backend_wal``, PostgreSQL 18; the server's over the purge otherwise, which
   includes the load's); blocks read, written and extended from its start to the end of a
@@ -60,9 +60,10 @@ from bench.common import (
 from bench.dbcost import run as run_worker
 from bench.dbcost import worker_command
 from bench.server import wal_bytes, wal_lsn
-from outbox import store
-from outbox.store import operations
+from outbox import operations
 from outbox.store import partitions as layout_ops
+from outbox.store.contract import SentAttempt
+from outbox.store.postgres import PostgresStore
 
 LAYOUTS = ("plain", "partitioned")
 PARTS = ("retention", "hotpath", "bloat")
@@ -213,16 +214,18 @@ class Load:
     async def lease_once(self, timed: bool = True) -> int:
         began = time.monotonic()
         # As the relay asks (its batch size as the usual size): the statement it plans once.
-        lease = await store.lease_batch(self.leaser, LEASE_BATCH, 30.0, usual_size=LEASE_BATCH)
+        lease = await PostgresStore(self.leaser).lease_batch(
+            LEASE_BATCH, 30.0, usual_size=LEASE_BATCH
+        )
         if timed:
             self.leases.append((began, time.monotonic() - began))
         if lease.messages:
             now = time.time()
             sent = [
-                store.SentAttempt(m.message_id, EVENT_TYPE, m.attempt, now, 1, 204)
+                SentAttempt(m.message_id, EVENT_TYPE, m.attempt, now, 1, 204)
                 for m in lease.messages
             ]
-            await store.record_delivered(self.leaser, lease.messages, sent)
+            await PostgresStore(self.leaser).record_delivered(lease.messages, sent)
             self.delivered += len(lease.messages)
         return len(lease.messages)
 

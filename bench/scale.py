@@ -24,7 +24,7 @@ from typing import Any
 
 from bench.common import Database, log, median
 from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES
-from outbox.store import lease_statement
+from outbox.store.postgres import lease_statement
 
 DUE_INDEX = "outbox_messages_due_idx"
 BATCH_SIZE = 100

@@ -4,7 +4,7 @@ For ``seconds`` (600 in the full run), a producer commits ``rate`` events a seco
 producer API (a transaction every ``TICK`` seconds, its events stamped with ``committedAt`` as it
 begins), and one relay (``Relay.open``, in this process) runs as a polling host runs
 it: a drain (``execute(until_caught_up=True)``) after another, ``IDLE`` seconds apart when one
-found nothing. Every ``purge_every`` seconds the retention purge (``outbox.store.operations.
+found nothing. Every ``purge_every`` seconds the retention purge (``outbox.operations.
 purge``, batches of 1,000) deletes the Processed rows; its retention is 0 days (every Processed
 row goes), since a run of minutes cannot wait for the default of 7 days: the rows it deletes
 are the churn a purge leaves behind for autovacuum, sooner. Autovacuum is switched on for the
@@ -41,8 +41,9 @@ from bench.common import (
     relay_settings,
 )
 from bench.worker import time_leases
+from outbox import operations
 from outbox.relay.runtime import Relay
-from outbox.store import operations, postgres
+from outbox.store.postgres import PostgresStore
 
 TICK = 0.1
 IDLE = 0.05
@@ -169,12 +170,12 @@ async def measure(
 ) -> dict[str, Any]:
     await receiver.reset()
     leases: list[float] = []
-    lease_batch = postgres.lease_batch
+    lease_batch = PostgresStore.lease_batch
     time_leases(leases)
     try:
         result = await _measure(receiver, leases, seconds, rate, window, purge_every, concurrency)
     finally:
-        postgres.lease_batch = lease_batch  # type: ignore[assignment]
+        PostgresStore.lease_batch = lease_batch  # type: ignore[method-assign]
     return result
 
 

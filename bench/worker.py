@@ -28,6 +28,7 @@ from opentelemetry.trace import INVALID_SPAN, Span
 
 from bench.common import EVENT_TYPE, SECRET, body, relay_settings
 from outbox import store
+from outbox.azure.telemetry_setup import configure
 from outbox.core.models import LeasedMessage
 from outbox.core.outcomes import classify
 from outbox.core.settings import decode_secret
@@ -35,7 +36,8 @@ from outbox.core.signing import Signer
 from outbox.core.telemetry import Telemetry
 from outbox.hosting.cli import run_on_loop
 from outbox.relay.runtime import Relay, tune_garbage_collector
-from outbox.store import postgres
+from outbox.store.connection import create_pool
+from outbox.store.postgres import PostgresStore
 from outbox.transport.publisher import Publisher, build_body, build_headers, make_session
 
 # The seed design's per-row outcome write (one statement per message).
@@ -153,6 +155,8 @@ async def run_relay(args: argparse.Namespace, telemetry: Telemetry | None = None
     # interpreter's own thresholds with OUTBOX_BENCH_DEFAULT_GC=1 (to compare the two).
     if not os.environ.get("OUTBOX_BENCH_DEFAULT_GC"):
         tune_garbage_collector()
+    if telemetry is None:
+        configure()  # as the hosts do before they open a relay (bench.exporter's OTLP runs)
     async with await Relay.open(settings, telemetry=telemetry) as relay:
         started = time.monotonic()
         summary = await relay.processor.execute()
@@ -183,7 +187,7 @@ def flush_sdk() -> None:
 def time_leases(durations: list[float], starts: list[float] | None = None) -> None:
     """Record the duration of every lease statement this process runs into ``durations``, and
     when each began (``time.monotonic()``) into ``starts``."""
-    lease_batch = postgres.lease_batch
+    lease_batch = PostgresStore.lease_batch
 
     async def timed(*args: Any, **kwargs: Any) -> store.Lease:
         started = time.perf_counter()
@@ -194,8 +198,8 @@ def time_leases(durations: list[float], starts: list[float] | None = None) -> No
         finally:
             durations.append(time.perf_counter() - started)
 
-    # The store's method calls the module's function: patched there, every lease is timed.
-    postgres.lease_batch = timed  # type: ignore[assignment]
+    # Patched on the store's class, every lease is timed.
+    PostgresStore.lease_batch = timed  # type: ignore[method-assign]
 
 
 class Untraced(Telemetry):
@@ -232,7 +236,9 @@ async def run_seed(args: argparse.Namespace) -> dict[str, Any]:
     delivered = 0
     try:
         started = time.monotonic()
-        while batch := (await store.lease_batch(conn, 100, settings.lease_seconds)).messages:
+        while batch := (
+            await PostgresStore(conn).lease_batch(100, settings.lease_seconds)
+        ).messages:
             for message in batch:
                 outcome = classify(
                     await publisher.deliver(message, endpoint),
@@ -264,7 +270,8 @@ async def run_floor(args: argparse.Namespace) -> dict[str, Any]:
     last request is answered. No dispatch, admission, breakers, fencing checks, logs or
     telemetry: a lower bound under the relay process's own CPU and time."""
     settings = relay_settings(args.database_url, args.url, args.concurrency)
-    pool = await store.create_pool(settings)
+    pool = await create_pool(settings)
+    leaser = PostgresStore(pool)
     signer = Signer([decode_secret(SECRET)])
     [endpoint] = settings.endpoints[EVENT_TYPE]
     name = endpoint.name or EVENT_TYPE
@@ -290,7 +297,7 @@ async def run_floor(args: argparse.Namespace) -> dict[str, Any]:
         async def record(batch: list[LeasedMessage], sent: list[store.SentAttempt]) -> None:
             order = {m.message_id: i for i, m in enumerate(batch)}
             sent.sort(key=lambda a: order[a.outbox_message_id])
-            await store.record_delivered(pool, batch, sent)
+            await leaser.record_delivered(batch, sent)
 
         async def sender() -> None:
             while (item := await waiting.get()) is not None:
@@ -302,7 +309,7 @@ async def run_floor(args: argparse.Namespace) -> dict[str, Any]:
         async def leaser() -> int:
             leased = 0
             while batch := (
-                await store.lease_batch(pool, args.batch_size, settings.lease_seconds)
+                await leaser.lease_batch(args.batch_size, settings.lease_seconds)
             ).messages:
                 sent: list[store.SentAttempt] = []
                 for message in batch:

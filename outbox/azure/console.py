@@ -22,16 +22,12 @@ from outbox.azure.host import functions_host
 from outbox.azure.triggers import HttpResult, Query, _json_object, http_endpoint, query_parameters
 from outbox.core.errors import BadRequestError
 from outbox.core.logs import log_event
-from outbox.core.queries import MESSAGE_PARAMETERS, parse_message_query
-from outbox.relay.batch import endpoint_names
-from outbox.relay.runtime import Relay
-from outbox.store import operator
+from outbox.operations import actions, requests, views
+from outbox.operations.list_query import MESSAGE_PARAMETERS, parse_message_query
 
 logger = logging.getLogger("outbox.console")
 
 KEY_PARAMETER = "code"
-ACTION_FIELDS = frozenset({"event_type", "endpoint", "action_id"})
-RESEND_FIELDS = frozenset({"message_ids", "endpoint", "action_id"})
 
 
 def page() -> tuple[int, str, dict[str, str]]:
@@ -64,19 +60,17 @@ def actor(headers: Mapping[str, str], query: Query) -> str:
     return f"key:{digest[:12]}"
 
 
-def _endpoints(relay: Relay) -> dict[str, list[str]]:
-    configured = relay.settings.endpoints
-    return {event_type: endpoint_names(configured, event_type) for event_type in configured}
-
-
 @http_endpoint("overview")
 async def on_overview(query: Query) -> HttpResult:
     """``GET /api/outbox/overview``: the console's overview."""
     query_parameters(query, allowed=frozenset({KEY_PARAMETER}))
     relay = await functions_host.relay()
     threshold = relay.settings.alert_oldest_pending_seconds
-    return 200, await operator.overview(
-        relay.pool, threshold, _endpoints(relay), notify_wakeups=relay.settings.wakes_by_postgres
+    return 200, await views.overview(
+        relay.pool,
+        threshold,
+        relay.settings.endpoint_names,
+        notify_wakeups=relay.settings.wakes_by_postgres,
     )
 
 
@@ -87,7 +81,7 @@ async def on_messages(query: Query) -> HttpResult:
     params.pop(KEY_PARAMETER, None)
     wanted = parse_message_query(params)
     relay = await functions_host.relay()
-    return 200, await operator.list_messages(relay.pool, wanted, _endpoints(relay))
+    return 200, await views.list_messages(relay.pool, wanted, relay.settings.endpoint_names)
 
 
 @http_endpoint("message")
@@ -99,7 +93,7 @@ async def on_message(query: Query, message_id: str) -> HttpResult:
     except ValueError:
         raise BadRequestError("message_id must be a message id (a UUID)") from None
     relay = await functions_host.relay()
-    shown = await operator.message(relay.pool, identifier)
+    shown = await views.message(relay.pool, identifier)
     if shown is None:
         return 404, {"error": f"no message {identifier}"}
     return 200, shown
@@ -110,16 +104,17 @@ async def on_actions(query: Query) -> HttpResult:
     """``GET /api/outbox/actions``: the latest actions taken, newest first."""
     query_parameters(query, allowed=frozenset({KEY_PARAMETER}))
     relay = await functions_host.relay()
-    return 200, {"actions": await operator.actions(relay.pool)}
+    return 200, {"actions": await views.actions(relay.pool)}
 
 
 @http_endpoint("pause")
 async def on_pause(body: bytes, who: str) -> HttpResult:
     """``POST /api/outbox/pause`` ``{"event_type": …, "endpoint": …, "action_id": …}``."""
-    data = _action_body(body)
+    data = requests.action_body(_json_object(body))
     relay = await functions_host.relay()
-    key = operator.key_of(_endpoints(relay), data.get("event_type"), data.get("endpoint"))
-    result = await operator.pause(relay.pool, key, actor=who, action_id=data.get("action_id"))
+    endpoints = relay.settings.endpoint_names
+    key = requests.key_of(endpoints, data.get("event_type"), data.get("endpoint"))
+    result = await actions.pause(relay.pool, key, actor=who, action_id=data.get("action_id"))
     if result.get("in_progress"):
         return _running(result)
     log_event(logger, logging.INFO, "outbox.pause", event_type=key[0], endpoint=key[1], by=who)
@@ -129,10 +124,11 @@ async def on_pause(body: bytes, who: str) -> HttpResult:
 @http_endpoint("resume")
 async def on_resume(body: bytes, who: str) -> HttpResult:
     """``POST /api/outbox/resume`` (as pause): what waited for the endpoint is drained now."""
-    data = _action_body(body)
+    data = requests.action_body(_json_object(body))
     relay = await functions_host.relay()
-    key = operator.key_of(_endpoints(relay), data.get("event_type"), data.get("endpoint"))
-    result = await operator.resume(relay.pool, key, actor=who, action_id=data.get("action_id"))
+    endpoints = relay.settings.endpoint_names
+    key = requests.key_of(endpoints, data.get("event_type"), data.get("endpoint"))
+    result = await actions.resume(relay.pool, key, actor=who, action_id=data.get("action_id"))
     if result.get("in_progress"):
         return _running(result)
     log_event(logger, logging.INFO, "outbox.resume", event_type=key[0], endpoint=key[1], by=who)
@@ -145,22 +141,16 @@ async def on_resume(body: bytes, who: str) -> HttpResult:
 async def on_resend(body: bytes, who: str) -> HttpResult:
     """``POST /api/outbox/resend`` ``{"message_ids": [...], "endpoint": …, "action_id": …}``:
     Processed messages sent again (same webhook-id), to one endpoint or to all."""
-    data = _action_body(body, RESEND_FIELDS)
-    given = data.get("message_ids")
-    if not isinstance(given, list) or not all(isinstance(i, str) for i in given):
-        raise BadRequestError("message_ids must be a non-empty list of message ids (UUIDs)")
-    try:
-        ids = [UUID(i) for i in given]
-    except ValueError:
-        raise BadRequestError(
-            "message_ids must be a non-empty list of message ids (UUIDs)"
-        ) from None
-    endpoint = data.get("endpoint")
-    if endpoint is not None and (not isinstance(endpoint, str) or not endpoint):
-        raise BadRequestError("endpoint must be an endpoint's name")
+    data = requests.action_body(_json_object(body), requests.RESEND_FIELDS)
+    ids, endpoint = requests.resend_body(data)
     relay = await functions_host.relay()
-    result = await operator.resend(
-        relay.pool, ids, endpoint, _endpoints(relay), actor=who, action_id=data.get("action_id")
+    result = await actions.resend(
+        relay.pool,
+        ids,
+        endpoint,
+        relay.settings.endpoint_names,
+        actor=who,
+        action_id=data.get("action_id"),
     )
     if result.get("in_progress"):
         return _running(result)
@@ -179,14 +169,3 @@ def _running(result: dict[str, Any]) -> HttpResult:
         "to get its result once it has finished"
     )
     return 409, {"error": message, "action_id": action_id, "in_progress": True}
-
-
-def _action_body(body: bytes, fields: frozenset[str] = ACTION_FIELDS) -> dict[str, Any]:
-    data = _json_object(body)
-    unknown = sorted(set(data) - fields)
-    if unknown:
-        raise BadRequestError(f"unknown field(s) in the body: {', '.join(unknown)}")
-    action_id = data.get("action_id")
-    if action_id is not None and (not isinstance(action_id, str) or not 0 < len(action_id) <= 100):
-        raise BadRequestError("action_id must be a string of 1 to 100 characters")
-    return data

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
+from outbox.azure.telemetry_setup import configure
 from outbox.core.settings import Settings
-from outbox.core.telemetry import configure
 from outbox.relay.runtime import Relay, tune_garbage_collector
 
 

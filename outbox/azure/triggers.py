@@ -13,11 +13,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec
 
 from outbox.azure.host import functions_host
-from outbox.core import requests
 from outbox.core.errors import BadRequestError, DatabaseError, DrainFailedError, OutboxError
 from outbox.core.logs import log_event
 from outbox.core.models import DrainSummary
-from outbox.store import operations, operator
+from outbox.operations import actions, requests, retention, status
 
 logger = logging.getLogger("outbox.triggers")
 P = ParamSpec("P")
@@ -79,7 +78,7 @@ async def record_backlog() -> None:
     """The sweep's backlog figures, for the telemetry's gauges; a failure is only a warning."""
     relay = await functions_host.relay()
     try:
-        await operations.backlog_status(relay.pool, relay.settings.alert_oldest_pending_seconds)
+        await status.backlog_status(relay.pool, relay.settings.alert_oldest_pending_seconds)
     except DatabaseError as exc:
         logger.warning("outbox backlog figures not read: database error: %s", exc.kind)
 
@@ -138,12 +137,12 @@ async def on_status_request(query: Query | Mapping[str, str] = ()) -> HttpResult
     """HTTP trigger: ``GET /api/outbox/status`` → 200 when healthy, 503 when not (same JSON)."""
     query_parameters(_pairs(query), allowed=HTTP_PARAMETERS)
     relay = await functions_host.relay()
-    status = await operations.backlog_status(
+    backlog = await status.backlog_status(
         relay.pool,
         relay.settings.alert_oldest_pending_seconds,
         notify_wakeups=relay.settings.wakes_by_postgres,
     )
-    return (200 if status.healthy else 503), status.as_dict()
+    return (200 if backlog.healthy else 503), backlog.as_dict()
 
 
 @http_endpoint("requeue")
@@ -157,7 +156,7 @@ async def on_requeue_request(body: bytes, who: str = "key:none") -> HttpResult:
     wanted = parse_requeue(body)
     relay = await functions_host.relay()
     if wanted.batch_size is not None and not wanted.dry_run and wanted.action_id is not None:
-        report = await operator.requeue_batch(
+        report = await actions.requeue_batch(
             relay.pool,
             wanted.filter,
             batch_size=wanted.batch_size,
@@ -166,7 +165,7 @@ async def on_requeue_request(body: bytes, who: str = "key:none") -> HttpResult:
         )
         now = report.get("batch_requeued", 0)
     else:
-        report = await operator.requeue(
+        report = await actions.requeue(
             relay.pool,
             wanted.filter,
             dry_run=wanted.dry_run,
@@ -187,11 +186,11 @@ async def on_requeue_request(body: bytes, who: str = "key:none") -> HttpResult:
     return 200, report
 
 
-async def on_purge_timer() -> operations.PurgeReport:
+async def on_purge_timer() -> retention.PurgeReport:
     """Daily timer: delete rows past retention, in short batches."""
     relay = await functions_host.relay()
     settings = relay.settings
-    report = await operations.purge(
+    report = await retention.purge(
         relay.pool,
         retention_days=settings.retention_days,
         failed_retention_days=settings.failed_retention_days,

@@ -1,3 +1,3 @@
-"""The core: the data (models, outcomes), the rules (backoff, signing, errors, requests), the
-settings, and how the process reports what it does (logs, telemetry). Imports nothing else of the
+"""The core: the data (models, outcomes), the rules (backoff, signing, errors), the settings,
+and how the process reports what it does (logs, telemetry). Imports nothing else of the
 package."""

@@ -34,13 +34,21 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from yarl import URL
 
+from outbox.core.environment import (
+    DEFAULT_MAX_PAYLOAD_BYTES as DEFAULT_MAX_PAYLOAD_BYTES,  # noqa: PLC0414 - the store's from here
+)
+from outbox.core.environment import env_name
 from outbox.core.errors import ConfigurationError
 
 SECRET_PREFIX = "whsec_"  # noqa: S105 - the Standard Webhooks prefix, not a secret
 DEFAULT_QUEUE_NAME = "outbox-wakeup"
 # The PostgreSQL NOTIFY channel of OUTBOX_WAKEUP=postgres.
 WAKEUP_CHANNEL = "outbox_wakeup"
-DEFAULT_MAX_PAYLOAD_BYTES = 1_048_576
+# PostgreSQL's NOTIFY queue in use above this fraction is reported by status, and makes
+# ``outbox serve`` poll (OUTBOX_WAKEUP=postgres). PostgreSQL warns in its own log from the same
+# point; a healthy queue holds only what listeners have not read yet (a few pages of 8 KB, under
+# 0.1 % of the default 8 GB), and half of it left is room to act before NOTIFY fails.
+NOTIFY_QUEUE_ALERT_USAGE = 0.5
 # OUTBOX_CONCURRENCY's default: requests in flight per process (docs/performance.md).
 DEFAULT_CONCURRENCY = 1024
 # ... and on a consumption-billed Functions plan, whose instances may hold 600 active outbound
@@ -82,15 +90,6 @@ RESERVED_HEADERS = frozenset(
 _ONE, _MANY = "endpoint", "endpoints"
 _SECRET_PREFIXES = ("whsec_", "sk_", "sk-", "rk_", "pk_live", "ghp_", "gho_", "xox", "eyj")
 
-# Environment names of fields whose name is not OUTBOX_<FIELD>.
-_ENV_NAMES = {
-    "queue_connection": "AzureWebJobsStorage",
-    "queue_service_uri": "AzureWebJobsStorage__queueServiceUri",
-    "queue_account_name": "AzureWebJobsStorage__accountName",
-    "queue_credential": "AzureWebJobsStorage__credential",
-    "queue_client_id": "AzureWebJobsStorage__clientId",
-}
-
 
 def default_concurrency(
     environ: Mapping[str, str] = os.environ, descriptor_limit: int | None = None
@@ -114,13 +113,6 @@ def open_files_limit() -> int | None:
         return None
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return None if soft == resource.RLIM_INFINITY else soft
-
-
-def env_name(field: str) -> str:
-    """The environment variable (app setting) that sets ``field``."""
-    if field in _ENV_NAMES.values():
-        return field
-    return _ENV_NAMES.get(field, f"OUTBOX_{field.upper()}")
 
 
 def _is_port(text: str) -> bool:
@@ -441,6 +433,15 @@ class Settings(QueueSettings):
         return cast("Mapping[str, tuple[WebhookEndpoint, ...]]", self.webhooks)
 
     @property
+    def endpoint_names(self) -> dict[str, list[str]]:
+        """Each event type's endpoint names, in their configured order: what the console and
+        the commands name an endpoint by."""
+        return {
+            event_type: [endpoint.name for endpoint in endpoints if endpoint.name is not None]
+            for event_type, endpoints in self.endpoints.items()
+        }
+
+    @property
     def longest_timeout_seconds(self) -> float:
         """The longest a request may take, over every endpoint."""
         timeouts = [
@@ -524,37 +525,10 @@ class _PayloadLimitSetting(BaseModel):
     max_payload_bytes: PayloadLimit
 
 
-def payload_limit() -> int:
-    """``OUTBOX_MAX_PAYLOAD_BYTES`` as producers apply it (the default where it is not set).
-
-    Read at each call, and as the relay's Settings read it (the name in any case), so one setting
-    governs both sides.
-    """
-    name = env_name("max_payload_bytes")
-    raw = os.environ.get(name)
-    if raw is None:
-        raw = next((v for k, v in os.environ.items() if k.upper() == name.upper()), None)
-    return _payload_limit(raw)
-
-
-def wakes_by_postgres() -> bool:
-    """Whether ``OUTBOX_WAKEUP`` asks for wake-ups over PostgreSQL (producers read it at each
-    notify, as the relay's Settings do); ConfigurationError for a value other than the two."""
-    name = env_name("wakeup")
-    raw = os.environ.get(name)
-    if raw is None:
-        raw = next((v for k, v in os.environ.items() if k.upper() == name.upper()), None)
-    if raw in (None, "queue"):
-        return False
-    if raw == "postgres":
-        return True
-    raise ConfigurationError(f"invalid configuration: {name}: must be 'queue' or 'postgres'")
-
-
 @functools.lru_cache(maxsize=16)
-def _payload_limit(raw: str | None) -> int:
-    if raw is None:
-        return DEFAULT_MAX_PAYLOAD_BYTES
+def checked_payload_limit(raw: str) -> int:
+    """A producer's ``OUTBOX_MAX_PAYLOAD_BYTES`` (``environment.payload_limit``) by the relay's
+    rule; ConfigurationError naming it if out of bounds."""
     try:
         return _PayloadLimitSetting(max_payload_bytes=raw).max_payload_bytes
     except ValidationError as exc:

@@ -2,7 +2,8 @@
 
 Only the OpenTelemetry *API* is used here. With no SDK configured (the default) every span and
 instrument is the API's no-op, and nothing is stored with a row; the SDK and its exporters are the
-user's choice (``configure()`` sets up Azure Monitor or OTLP where asked to, see
+application's choice, set up at the edges (``outbox.telemetry.configure()``, from
+``outbox.azure.telemetry_setup``, sets up Azure Monitor or OTLP where asked to, see
 docs/telemetry.md).
 
 - ``capture()`` (at enqueue): the active span's W3C ``traceparent``/``tracestate``, as JSON for the
@@ -26,7 +27,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -51,15 +52,14 @@ VERSION = "0.1.0"
 # and the webhook carry ``traceparent`` (and ``tracestate``), never baggage.
 PROPAGATOR = TraceContextTextMapPropagator()
 MESSAGING_SYSTEM = "outbox"
-# The extras that ``configure()`` looks for.
-AZURE_MONITOR_EXTRA = 'pip install "outbox-relay[azure-monitor]"'
-OTLP_EXTRA = 'pip install "outbox-relay[otlp]"'
-PROMETHEUS_EXTRA = 'pip install "outbox-relay[prometheus]"'
 # A delivery's "span" while no SDK traces: nothing started, nothing made current.
 _NO_SPAN = nullcontext(INVALID_SPAN)
 # A stored trace context longer than this is not read (a W3C ``traceparent`` and ``tracestate``
 # take under 1 KB); ``lease_batch`` does not even fetch one, returning in its place an object
 # whose only key is OVERSIZE_KEY, with the context's length in characters.
+# How long the backlog figures of a status call or a sweep stand (the timer sweeps every 300 s):
+# after that the gauges report nothing, the sign alerts read of a relay that stopped sweeping.
+BACKLOG_FRESH_SECONDS = 420.0
 MAX_TRACE_CONTEXT_CHARS = 4096
 OVERSIZE_KEY = "outbox_oversize_chars"
 # How much of a context that cannot be restored its warning shows.
@@ -219,6 +219,8 @@ class Telemetry:
             explicit_bucket_boundaries_advisory=LAG_BUCKETS_SECONDS,
         )
         self.backlog: Backlog | None = None
+        self._backlog_at = 0.0  # when (monotonic) it was recorded
+        self.clock = time.monotonic
         self.notify_queue_usage: float | None = None
         meter.create_observable_gauge(
             "outbox.backlog.messages",
@@ -373,22 +375,31 @@ class Telemetry:
 
     def record_backlog(self, backlog: Backlog) -> None:
         self.backlog = backlog
+        self._backlog_at = self.clock()
+
+    def _fresh_backlog(self) -> Backlog | None:
+        """The backlog figures while they are recent: a process whose sweeps stopped (its
+        database unreachable, say) stops reporting them, so that an alert on their absence fires
+        rather than one on their value going stale."""
+        if self.backlog is None or self.clock() - self._backlog_at > BACKLOG_FRESH_SECONDS:
+            return None
+        return self.backlog
 
     def record_notify_queue_usage(self, usage: float) -> None:
         self.notify_queue_usage = usage
 
     def _observe_counts(self, options: CallbackOptions) -> Iterator[Observation]:
-        if self.backlog is not None:
-            for status, count in self.backlog.counts.items():
+        if (backlog := self._fresh_backlog()) is not None:
+            for status, count in backlog.counts.items():
                 yield Observation(count, {"status": status})
 
     def _observe_oldest(self, options: CallbackOptions) -> Iterator[Observation]:
-        if self.backlog is not None:
-            yield Observation(self.backlog.oldest_unpublished_age_seconds or 0.0)
+        if (backlog := self._fresh_backlog()) is not None:
+            yield Observation(backlog.oldest_unpublished_age_seconds or 0.0)
 
     def _observe_breakers(self, options: CallbackOptions) -> Iterator[Observation]:
-        if self.backlog is not None:
-            yield Observation(self.backlog.open_breakers)
+        if (backlog := self._fresh_backlog()) is not None:
+            yield Observation(backlog.open_breakers)
 
     def _observe_notify_queue(self, options: CallbackOptions) -> Iterator[Observation]:
         if self.notify_queue_usage is not None:
@@ -439,140 +450,3 @@ def process_telemetry() -> Telemetry:
     if _process is None:
         _process = Telemetry()
     return _process
-
-
-_configured: str | None = None
-# Whether configure() set up the Prometheus exporter's reader (for GET /metrics).
-_prometheus = False
-
-
-def configure(
-    environ: Mapping[str, str] | None = None,
-    *,
-    prometheus: bool = False,
-    functions_host: bool = False,
-) -> str | None:
-    """Set up an OpenTelemetry SDK where the environment asks for one, once per process.
-
-    - ``APPLICATIONINSIGHTS_CONNECTION_STRING`` set and ``azure-monitor-opentelemetry`` installed
-      (the ``azure-monitor`` extra): ``configure_azure_monitor()``; with ``functions_host`` (the
-      Functions wiring says so: no setting tells it on every plan) the logs are left to the host,
-      which sends them to Application Insights already.
-    - else ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``) set and the
-      OTLP exporter installed (the ``otlp`` extra): the SDK's tracer and meter providers with OTLP
-      over HTTP, configured by the standard ``OTEL_*`` variables.
-
-    ``prometheus`` (``outbox serve``): the metrics are also kept for ``GET /metrics`` where the
-    Prometheus exporter is installed (the ``prometheus`` extra), through a reader of the same
-    meter provider (one of its own where neither of the above is asked for); see
-    ``prometheus_text``.
-
-    Nothing is done where the application has set a tracer provider already, where nothing is
-    asked for, or where ``OTEL_SDK_DISABLED`` is true. Returns what was set up: "azure-monitor",
-    "otlp", "prometheus", or None.
-    """
-    global _configured  # noqa: PLW0603 - the SDK is process-wide
-    env = os.environ if environ is None else environ
-    if _configured is not None or env.get("OTEL_SDK_DISABLED", "").lower() == "true":
-        return _configured
-    if not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
-        return None  # the application configured its own SDK: use it as it is
-    readers = _prometheus_readers() if prometheus else []
-    if env.get("APPLICATIONINSIGHTS_CONNECTION_STRING"):
-        _configured = _azure_monitor(env, readers, functions_host=functions_host)
-    elif env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
-        _configured = _otlp(env, readers)
-    if _configured is None and readers:
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.resources import Resource
-
-        resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", SCOPE)})
-        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
-        _configured = "prometheus"
-    global _prometheus  # noqa: PLW0603 - the SDK is process-wide
-    _prometheus = bool(readers) and _configured is not None
-    return _configured
-
-
-def _prometheus_readers() -> list[Any]:
-    """The Prometheus exporter's reader, where the ``prometheus`` extra is installed."""
-    try:
-        from opentelemetry.exporter.prometheus import PrometheusMetricReader
-    except ImportError:
-        logger.info("GET /metrics needs the Prometheus exporter: %s", PROMETHEUS_EXTRA)
-        return []
-    return [PrometheusMetricReader()]
-
-
-def prometheus_text() -> tuple[bytes, str] | None:
-    """The process's metrics in Prometheus' text format, and its content type; None unless
-    ``configure(prometheus=True)`` set the exporter up."""
-    if not _prometheus:
-        return None
-    import prometheus_client
-
-    return prometheus_client.generate_latest(), prometheus_client.CONTENT_TYPE_LATEST
-
-
-def _azure_monitor(
-    env: Mapping[str, str], readers: list[Any], *, functions_host: bool
-) -> str | None:
-    try:
-        from azure.monitor.opentelemetry import configure_azure_monitor
-    except ImportError:
-        # Usual on Azure (the host sends the logs to Application Insights by itself): not a fault.
-        logger.info(
-            "APPLICATIONINSIGHTS_CONNECTION_STRING is set; for the relay's traces and metrics "
-            "there too: %s",
-            AZURE_MONITOR_EXTRA,
-        )
-        return None
-    if functions_host:
-        # The distro takes its logging switch from OTEL_LOGS_EXPORTER alone (its disable_logging
-        # argument is overwritten by it): without this, every log line went to Application
-        # Insights twice, and the exporter's own INFO lines fed it without end.
-        os.environ.setdefault("OTEL_LOGS_EXPORTER", "none")
-    # The exporter's requests are logged by azure-core at INFO: never exported, nor shown.
-    logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.WARNING)
-    configure_azure_monitor(
-        connection_string=env["APPLICATIONINSIGHTS_CONNECTION_STRING"],
-        disable_logging=functions_host,
-        **({"metric_readers": readers} if readers else {}),
-    )
-    return "azure-monitor"
-
-
-def _otlp(env: Mapping[str, str], readers: list[Any]) -> str | None:
-    try:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        from opentelemetry.sdk.metrics import MeterProvider
-        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    except ImportError:
-        logger.warning(
-            "OTEL_EXPORTER_OTLP_ENDPOINT is set but the OTLP exporter is not installed (%s): "
-            "no traces or metrics are exported",
-            OTLP_EXTRA,
-        )
-        return None
-    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME", SCOPE)})
-    # OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER = none: that signal is not set up at all, so
-    # the relay makes no calls for it (metrics alone cost much of the SDK's CPU:
-    # docs/telemetry.md, "What it costs").
-    if _exporter(env, "OTEL_TRACES_EXPORTER"):
-        tracer_provider = TracerProvider(resource=resource)
-        tracer_provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        trace.set_tracer_provider(tracer_provider)
-    if _exporter(env, "OTEL_METRICS_EXPORTER"):
-        readers = [PeriodicExportingMetricReader(OTLPMetricExporter()), *readers]
-    if readers:
-        metrics.set_meter_provider(MeterProvider(resource=resource, metric_readers=readers))
-    return "otlp"
-
-
-def _exporter(env: Mapping[str, str], name: str) -> bool:
-    """Whether the standard variable ``name`` leaves that signal's OTLP exporter on."""
-    return env.get(name, "otlp").strip().lower() != "none"

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
-from outbox import store
-from outbox.core import requests
+from outbox import operations
+from outbox.azure import telemetry_setup
 from outbox.core.errors import (
     BadRequestError,
     ConfigurationError,
@@ -29,26 +29,28 @@ from outbox.core.errors import (
     OutboxError,
 )
 from outbox.core.models import Status
-from outbox.core.queries import (
+from outbox.core.redact import Redactor
+from outbox.core.settings import DatabaseSettings, Settings
+from outbox.hosting.runenv import load_run_env
+from outbox.hosting.terminal import configure_cli, configure_console, help_text, message_table
+from outbox.operations import actions, grants, requests, views
+from outbox.operations.list_query import (
     DEFAULT_PAGE_SIZE,
     MESSAGE_FLAGS,
     MESSAGE_PARAMETERS,
     parse_message_query,
 )
-from outbox.core.redact import Redactor
-from outbox.core.settings import DatabaseSettings, Settings
-from outbox.hosting.console import configure_cli, configure_console, help_text, message_table
-from outbox.hosting.runenv import load_run_env
 from outbox.producer.core import enqueue
-from outbox.relay.batch import endpoint_names
 from outbox.relay.runtime import Relay
-from outbox.store import entra, grants, operations, operator, partitions
+from outbox.store import entra, partitions
+from outbox.store.connection import connect, database_boundary
 from outbox.store.migrate import (
     DEFAULT_MAX_LOCK_WAIT_SECONDS,
     LOCK_TIMEOUT_SECONDS,
     migrate,
     migrate_inbox,
 )
+from outbox.store.postgres import PostgresStore
 from outbox.transport.wakeup import notify_once
 
 T = TypeVar("T")
@@ -333,6 +335,7 @@ async def run_migrate(conn: Any, settings: Settings, args: argparse.Namespace) -
 
 
 async def run_drain(settings: Settings, args: argparse.Namespace) -> int:
+    telemetry_setup.configure()  # the SDK the environment asks for, before the relay opens
     async with await Relay.open(settings) as relay:
         summary = await relay.drain(args.budget)
     emit(summary.as_dict())
@@ -382,21 +385,17 @@ async def run_requeue(conn: Any, settings: Settings, args: argparse.Namespace) -
     }
     # Checked here to word its errors by the command's flags; requeue checks it again.
     wanted = requests.parse(requests.RequeueRequest, given, names=requests.FLAG_NAMES)
-    report = await operator.requeue(conn, wanted.filter, dry_run=wanted.dry_run, actor=CLI_ACTOR)
+    report = await actions.requeue(conn, wanted.filter, dry_run=wanted.dry_run, actor=CLI_ACTOR)
     if report["requeued"] and not wanted.dry_run:
         await wake(conn, settings)  # a drain takes them at once, not at the next sweep
     emit(report)
     return EXIT_OK
 
 
-def _configured(settings: Settings) -> dict[str, list[str]]:
-    return {t: endpoint_names(settings.endpoints, t) for t in settings.endpoints}
-
-
 async def run_list(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
     given = {name: getattr(args, name) for name in MESSAGE_PARAMETERS}
     wanted = parse_message_query(given, MESSAGE_FLAGS)
-    page = await operator.list_messages(conn, wanted, _configured(settings))
+    page = await views.list_messages(conn, wanted, settings.endpoint_names)
     if args.json:
         emit(page)
     else:
@@ -406,13 +405,13 @@ async def run_list(conn: Any, settings: Settings, args: argparse.Namespace) -> i
 
 
 async def run_endpoints(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
-    emit({"endpoints": await operator.endpoint_health(conn, _configured(settings))})
+    emit({"endpoints": await views.endpoint_health(conn, settings.endpoint_names)})
     return EXIT_OK
 
 
 async def run_resend(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
-    result = await operator.resend(
-        conn, args.message_ids, args.endpoint, _configured(settings), actor=CLI_ACTOR
+    result = await actions.resend(
+        conn, args.message_ids, args.endpoint, settings.endpoint_names, actor=CLI_ACTOR
     )
     if result["resent"]:
         await wake(conn, settings)
@@ -421,14 +420,14 @@ async def run_resend(conn: Any, settings: Settings, args: argparse.Namespace) ->
 
 
 async def run_pause(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
-    key = operator.key_of(_configured(settings), args.event_type, args.endpoint)
-    emit(await operator.pause(conn, key, actor=CLI_ACTOR))
+    key = requests.key_of(settings.endpoint_names, args.event_type, args.endpoint)
+    emit(await actions.pause(conn, key, actor=CLI_ACTOR))
     return EXIT_OK
 
 
 async def run_resume(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
-    key = operator.key_of(_configured(settings), args.event_type, args.endpoint)
-    result = await operator.resume(conn, key, actor=CLI_ACTOR)
+    key = requests.key_of(settings.endpoint_names, args.event_type, args.endpoint)
+    result = await actions.resume(conn, key, actor=CLI_ACTOR)
     if result["due"]:
         await wake(conn, settings)  # what waited is drained at once
     emit(result)
@@ -438,7 +437,7 @@ async def run_resume(conn: Any, settings: Settings, args: argparse.Namespace) ->
 async def wake(conn: Any, settings: Settings) -> bool:
     """One wake-up after a commit, over the configured transport: whether one was sent."""
     if settings.wakes_by_postgres:
-        return await store.notify_wakeup(conn)
+        return await PostgresStore(conn).notify_wakeup()
     return await notify_once(settings) if settings.has_queue else False
 
 
@@ -465,7 +464,7 @@ async def run_grant(conn: Any, settings: Settings, args: argparse.Namespace) -> 
     url = settings.database_url.get_secret_value()
 
     async def other_database(name: str) -> Any:
-        return await store.connect(
+        return await connect(
             urlunsplit(urlsplit(url)._replace(path=f"/{name}")),
             password=entra.for_settings(settings),
         )
@@ -541,24 +540,24 @@ async def run(settings: Settings, args: argparse.Namespace) -> int:
         return await run_drain(settings, args)
     if args.command == "serve":
         return await run_serve(settings, args)
-    conn = await store.connect(
+    conn = await connect(
         settings.database_url.get_secret_value(), password=entra.for_settings(settings)
     )
     try:
         # enqueue's transaction is the caller's own, outside the store's boundary: this one
         # keeps its driver errors from reaching the user as a traceback.
-        command = store.database_boundary(CONNECTION_COMMANDS[args.command])
+        command = database_boundary(CONNECTION_COMMANDS[args.command])
         return await command(conn, settings, args)
     finally:
         await conn.close()
 
 
 async def run_inbox(settings: DatabaseSettings, args: argparse.Namespace) -> int:
-    conn = await store.connect(
+    conn = await connect(
         settings.database_url.get_secret_value(), password=entra.for_settings(settings)
     )
     try:
-        return await store.database_boundary(INBOX_COMMANDS[args.command])(conn, args)
+        return await database_boundary(INBOX_COMMANDS[args.command])(conn, args)
     finally:
         await conn.close()
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from aiohttp import web
 
 from outbox.core.signing import verify
-from outbox.hosting.console import help_text
+from outbox.hosting.terminal import help_text
 
 MAX_BODY_BYTES = 1_048_576
 

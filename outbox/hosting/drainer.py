@@ -19,12 +19,13 @@ import logging
 import time
 from collections.abc import Awaitable
 
-from outbox import store
 from outbox.azure import triggers
 from outbox.azure.host import functions_host
 from outbox.core.errors import DatabaseError, describe
 from outbox.core.logs import Throttled
 from outbox.core.redact import Redactor
+from outbox.store.connection import Connection, ping
+from outbox.store.notify import listen_for_wakeups
 
 logger = logging.getLogger("outbox.serve")
 
@@ -99,7 +100,7 @@ class PostgresListener:
         while not stopping.is_set():
             lost = asyncio.Event()
             try:
-                conn = await store.listen_for_wakeups(self._url, self._drainer.wake, lost.set)
+                conn = await listen_for_wakeups(self._url, self._drainer.wake, lost.set)
             except DatabaseError as exc:
                 self._throttled(f"wake-ups: cannot LISTEN ({exc.kind}); trying again")
                 troubled = True
@@ -117,15 +118,13 @@ class PostgresListener:
             finally:
                 conn.terminate()
 
-    async def _watch(
-        self, conn: store.Connection, lost: asyncio.Event, stopping: asyncio.Event
-    ) -> None:
+    async def _watch(self, conn: Connection, lost: asyncio.Event, stopping: asyncio.Event) -> None:
         while not (stopping.is_set() or lost.is_set()):
             await first_of(stopping.wait(), lost.wait(), within=LISTEN_CHECK_SECONDS)
             if stopping.is_set() or lost.is_set():
                 break
             try:
-                await store.ping(conn)
+                await ping(conn)
             except DatabaseError as exc:
                 logger.warning("wake-ups: the LISTENing connection is lost (%s)", exc.kind)
                 return

@@ -18,12 +18,12 @@ from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 
-from outbox import store
+from outbox.azure import telemetry_setup
 from outbox.azure.host import functions_host
-from outbox.core import telemetry
 from outbox.core.errors import DatabaseError
 from outbox.core.logs import Throttled
 from outbox.store.migrate import discover
+from outbox.store.schema import applied_migrations
 
 logger = logging.getLogger("outbox.serve")
 
@@ -50,9 +50,9 @@ def add_routes(app: web.Application, key_matches: Callable[[web.Request], bool])
     async def metrics(request: web.Request) -> web.Response:
         if not key_matches(request):
             return web.json_response({"error": "a valid function key is required"}, status=401)
-        exported = telemetry.prometheus_text()
+        exported = telemetry_setup.prometheus_text()
         if exported is None:
-            error = f"metrics need the Prometheus exporter: {telemetry.PROMETHEUS_EXTRA}"
+            error = f"metrics need the Prometheus exporter: {telemetry_setup.PROMETHEUS_EXTRA}"
             return web.json_response({"error": error}, status=404)
         body, content_type = exported
         return web.Response(body=body, headers={"Content-Type": content_type})
@@ -67,7 +67,7 @@ async def why_not_ready() -> str | None:
     try:
         relay = await functions_host.relay()
         async with asyncio.timeout(READY_TIMEOUT_SECONDS):
-            applied = await store.applied_migrations(relay.pool)
+            applied = await applied_migrations(relay.pool)
     except DatabaseError as exc:
         if exc.kind == "UndefinedTableError":  # not even the bookkeeping table yet
             return "no migration applied (run python -m outbox migrate)"

@@ -41,12 +41,10 @@ from typing import IO
 
 from aiohttp import web
 
-from outbox import store
 from outbox.core.errors import ConfigurationError, DatabaseError, MigrationError, describe
 from outbox.core.redact import Redactor
 from outbox.core.settings import DEFAULT_QUEUE_NAME, Settings
 from outbox.hosting import demo_receiver
-from outbox.hosting.console import configure_console, help_text
 from outbox.hosting.runenv import (
     local_dir,
     run_env_path,
@@ -55,6 +53,8 @@ from outbox.hosting.runenv import (
     write_run_env,
 )
 from outbox.hosting.serve import DEFAULT_PORT, ServeOptions, install_stop_signals, load_app, serve
+from outbox.hosting.terminal import configure_console, help_text
+from outbox.store.connection import connect, ensure_database
 from outbox.store.migrate import migrate
 from outbox.transport.wakeup import close_queue_client, make_queue_client
 
@@ -102,7 +102,7 @@ def embedded_database_url(data: Path) -> str:
             f"to a server of yours, or remove {data} if it is damaged"
         ) from None
     admin_url = str(server.get_uri(database="postgres"))
-    asyncio.run(store.ensure_database(admin_url, EMBEDDED_DATABASE))
+    asyncio.run(ensure_database(admin_url, EMBEDDED_DATABASE))
     return str(server.get_uri(database=EMBEDDED_DATABASE))
 
 
@@ -349,7 +349,7 @@ async def demo_webhooks() -> AsyncIterator[str]:
 
 
 async def _migrate(url: str) -> None:
-    conn = await store.connect(url)
+    conn = await connect(url)
     try:
         await migrate(conn)
     finally:

@@ -57,8 +57,7 @@ from azure.functions.timer import TimerRequest
 from azure.storage.queue import QueueMessage as StoredMessage
 from azure.storage.queue.aio import QueueClient
 
-from outbox import store
-from outbox.azure import functions, triggers
+from outbox.azure import functions, telemetry_setup, triggers
 from outbox.azure.host import functions_host
 from outbox.core import telemetry
 from outbox.core.errors import ConfigurationError, DatabaseError, describe
@@ -76,6 +75,7 @@ from outbox.hosting.connections import (
 )
 from outbox.hosting.drainer import Drainer, PostgresListener
 from outbox.hosting.ncrontab import Schedule
+from outbox.store.notify import notify_queue_usage
 from outbox.transport.wakeup import close_queue_client, make_queue_client
 
 logger = logging.getLogger("outbox.serve")
@@ -436,7 +436,7 @@ async def serve(
     bindings = index(app)
     queue_options = QueueOptions.from_host_json(host_json_path(options.host_json))
     functions_host.use(settings)
-    telemetry.configure(prometheus=True)
+    telemetry_setup.configure(prometheus=True)
     queued = [b for b in bindings if b.trigger["type"] == "queueTrigger"]
     if queued and not settings.has_queue:
         if not settings.wakes_by_postgres:
@@ -509,7 +509,7 @@ async def watch_notify_queue(stopping: asyncio.Event) -> None:
     observed = telemetry.process_telemetry()
     while not stopping.is_set():
         with contextlib.suppress(DatabaseError):
-            usage = await store.notify_queue_usage(relay.pool)
+            usage = await notify_queue_usage(relay.pool)
             observed.record_notify_queue_usage(usage)
             relay.wakeups.notify_queue_read(usage, time.monotonic())
         with contextlib.suppress(TimeoutError):

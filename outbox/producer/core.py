@@ -28,15 +28,15 @@ import enum
 import json
 import logging
 import re
+import sys
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
-from typing import Any
-
-from pydantic import BaseModel
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from outbox import store
 from outbox.core import telemetry
+from outbox.core.environment import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit, wakes_by_postgres
 from outbox.core.errors import (
     ConfigurationError,
     DuplicateMessageError,
@@ -44,13 +44,20 @@ from outbox.core.errors import (
     TransactionRequiredError,
     describe,
 )
-from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES, payload_limit, wakes_by_postgres
 from outbox.core.text import first_control
 from outbox.producer import drivers
-from outbox.transport.wakeup import WakeUpQueue, notify_once
+
+if TYPE_CHECKING:
+    # pydantic is loaded by a producer whose payloads are its models (``_is_model``), and the
+    # wake-up queue's client only where a hint goes to the queue: neither the Azure Storage SDK
+    # (with aiohttp under it) nor pydantic is part of a producer's import.
+    from pydantic import BaseModel
+    from typing_extensions import TypeIs
+
+    from outbox.transport.wakeup import WakeUpQueue
 
 logger = logging.getLogger("outbox.producer")
-Payload = Mapping[str, Any] | BaseModel
+Payload: TypeAlias = "Mapping[str, Any] | BaseModel"
 MAX_EVENT_TYPE_CHARS = 200
 MAX_KEY_CHARS = 200
 # json.dumps writes U+0000 as \u0000, and a literal backslash as \\: only an odd run of backslashes
@@ -153,6 +160,8 @@ async def notify(queue: WakeUpQueue | None = None, *, conn: object | None = None
     if queue is not None:
         return await queue.notify()
     if not over_postgres():
+        from outbox.transport.wakeup import notify_once  # noqa: PLC0415 - see the imports
+
         return await notify_once()
     if conn is None:
         logger.warning(NEEDS_CONNECTION)
@@ -307,14 +316,14 @@ def stored_size(text: str, utf8_bytes: int) -> int:
 
 
 def _to_json(payload: Payload) -> str:
-    if not isinstance(payload, BaseModel | Mapping):
+    if not (_is_model(payload) or isinstance(payload, Mapping)):
         raise InvalidMessageError(
             f"payload must be a dict or a pydantic model, not {type(payload).__name__}"
         )
     try:
         # Not model_dump_json: it can write Infinity/NaN (ser_json_inf_nan="constants"), which
         # jsonb refuses. The values are pydantic's own; json.dumps then applies the same checks.
-        value = payload.model_dump(mode="json") if isinstance(payload, BaseModel) else dict(payload)
+        value = payload.model_dump(mode="json") if _is_model(payload) else dict(payload)
         return json.dumps(value, ensure_ascii=False, allow_nan=False, default=_json_default)
     except RecursionError:
         raise InvalidMessageError("payload is nested too deeply to serialise") from None
@@ -324,7 +333,7 @@ def _to_json(payload: Payload) -> str:
 
 def _json_default(value: Any) -> Any:
     """The common types json cannot encode itself, encoded the way pydantic would."""
-    if isinstance(value, BaseModel):
+    if _is_model(value):
         return value.model_dump(mode="json")
     if isinstance(value, dt.datetime | dt.date | dt.time):
         return value.isoformat()
@@ -335,6 +344,13 @@ def _json_default(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return dataclasses.asdict(value)
     raise TypeError(f"Object of type {type(value).__name__} is not JSON serializable")
+
+
+def _is_model(value: object) -> TypeIs[BaseModel]:
+    """Whether ``value`` is a pydantic model. A model's class comes from ``pydantic.main``, so
+    where that is not loaded, nothing is one, and pydantic is not imported to find that out."""
+    main = sys.modules.get("pydantic.main")
+    return main is not None and isinstance(value, main.BaseModel)
 
 
 def _utf8(name: str, text: str) -> bytes:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
 
 from outbox import store
 from outbox.core.errors import DuplicateMessageError, TransactionRequiredError, describe
@@ -32,8 +33,9 @@ from outbox.producer.core import (
     over_postgres,
     prepare,
 )
-from outbox.producer.inbox import check_webhook_id
-from outbox.transport.sync_wakeup import WakeUpQueue, notify_once
+
+if TYPE_CHECKING:
+    from outbox.transport.sync_wakeup import WakeUpQueue
 
 __all__ = ["OutboxTransaction", "WakeUpQueue", "claim", "enqueue", "notify", "transaction"]
 
@@ -74,6 +76,8 @@ def notify(queue: WakeUpQueue | None = None, *, conn: object | None = None) -> b
     if queue is not None:
         return queue.notify()
     if not over_postgres():
+        from outbox.transport.sync_wakeup import notify_once  # noqa: PLC0415 - see __getattr__
+
         return notify_once()
     if conn is None:
         logger.warning(NEEDS_CONNECTION)
@@ -91,6 +95,8 @@ def notify(queue: WakeUpQueue | None = None, *, conn: object | None = None) -> b
 def claim(conn: object, webhook_id: str) -> bool:
     """``outbox.inbox.claim`` for a synchronous connection or session: True the first time,
     False once the id is recorded by a committed transaction."""
+    from outbox.producer.inbox import check_webhook_id  # noqa: PLC0415 - the consumer's module
+
     driver = drivers.sync_driver(conn, "claim")
     check_webhook_id(webhook_id)
     if driver.autocommits():
@@ -142,3 +148,16 @@ def transaction(
         yield tx
     if tx.message_ids:
         notify(queue, conn=conn)
+
+
+# Hidden from type checkers, which see the import above.
+if not TYPE_CHECKING:
+
+    def __getattr__(name: str) -> Any:
+        """``WakeUpQueue``, loaded on first use: the Azure Storage SDK (and aiohttp under it) is
+        no part of a synchronous producer's import, nor is the consumer's inbox."""
+        if name == "WakeUpQueue":
+            from outbox.transport.sync_wakeup import WakeUpQueue  # noqa: PLC0415
+
+            return WakeUpQueue
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The breakers' one writer: what the book (``outbox.relay.breakers``) decides, via the store.
 
-The delivery path asks the book (``Breakers.book``: pure, no I/O) whether an endpoint may be
+The delivery path asks the book (``BreakerWriter.book``: pure, no I/O) whether an endpoint may be
 sent to and what an answer changes; when the book says the database must hear of it (a count of
 failures, a breaker closed, a probe to claim), this writer makes the store's call, logs the
 breaker's change, and hands the store's answer back to the book. A database error here costs the
@@ -14,10 +14,10 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 
-from outbox import store
 from outbox.core.errors import DatabaseError
 from outbox.core.logs import log_event
 from outbox.relay.breakers import COOL_DOWN_SECONDS, THRESHOLD, BreakerBook, Close, Count, Key
+from outbox.store.contract import RelayStore
 
 logger = logging.getLogger("outbox.breakers")
 # How often a run that is delivering reads which endpoints an operator paused: a pause stops new
@@ -25,12 +25,12 @@ logger = logging.getLogger("outbox.breakers")
 PAUSE_CHECK_SECONDS = 1.0
 
 
-class Breakers:
+class BreakerWriter:
     """The endpoints' breakers of this process (``book``) and their writes to the database."""
 
     def __init__(
         self,
-        relay_store: store.RelayStore,
+        relay_store: RelayStore,
         others: Callable[[Key], Sequence[str]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:

@@ -42,7 +42,7 @@ SEND, PROBE = "send", "probe"
 
 
 class Seen(Protocol):
-    """A breaker as a lease read it from the database (``store.BreakerSeen``)."""
+    """A breaker as a lease read it from the database (``store.contract.BreakerSeen``)."""
 
     @property
     def event_type(self) -> str: ...
@@ -73,7 +73,7 @@ class Breaker:
 
 @dataclass(frozen=True, slots=True)
 class Count:
-    """Failures seen here to count in the database (``store.endpoint_failed``); ``announce``:
+    """Failures seen here to count in the database (``RelayStore.endpoint_failed``); ``announce``:
     this process just opened the breaker. Hand it back with ``written``, ``not_written`` or
     ``abandoned``: until then the breaker is being written, and no lease's view replaces it."""
 
@@ -86,7 +86,7 @@ class Count:
 
 @dataclass(frozen=True, slots=True)
 class Close:
-    """The endpoint answered: its breaker closes (``store.endpoint_recovered``)."""
+    """The endpoint answered: its breaker closes (``RelayStore.endpoint_recovered``)."""
 
     key: Key
 
@@ -133,7 +133,7 @@ class BreakerBook:
         self._known = fresh
 
     def learn_paused(self, paused: frozenset[Key]) -> None:
-        """The endpoints paused now, read between leases (``Breakers.watch_pauses``)."""
+        """The endpoints paused now, read between leases (``BreakerWriter.watch_pauses``)."""
         self._paused = paused
 
     def holds_back(self, key: Key) -> bool:

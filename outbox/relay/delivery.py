@@ -12,8 +12,7 @@ Fast paths (docs/performance.md):
 - Telemetry off: with no OpenTelemetry SDK the delivery makes no span and counts nothing: it
   takes its own branch in ``_send`` (``_send_traced`` is the other). One path for both would
   run a span's machinery, even as the API's no-ops, per message ("no span machinery without an
-  SDK", § "The relay's own CPU"; judged in § "Round two (2026-12-02): what the relay costs its
-  database", "Telemetry off").
+  SDK", § "The relay's own CPU"; judged in § "Telemetry off").
 - A free delivery slot is taken without a coroutine (``Slots.take_now``; "a free delivery slot
   taken without a coroutine", § "The relay's own CPU").
 - A healthy endpoint's answer awaits nothing for its breaker (``BreakerBook.observed`` returns
@@ -33,7 +32,7 @@ from outbox.core.settings import LEASE_SAFETY_SECONDS, WebhookEndpoint
 from outbox.core.telemetry import Telemetry, span_ids
 from outbox.relay.admission import Admission, Slots
 from outbox.relay.batch import Batch, Delivery
-from outbox.relay.breaker_store import Breakers
+from outbox.relay.breaker_store import BreakerWriter
 from outbox.relay.breakers import PROBE, SEND, Key
 from outbox.relay.classify import NOT_SENT, Classifier
 from outbox.relay.dispatch import Dispatch, EndpointSlots
@@ -52,7 +51,7 @@ class Deliverer:
         slots: Slots,
         admission: Admission,
         endpoint_slots: EndpointSlots,
-        breakers: Breakers,
+        breakers: BreakerWriter,
         telemetry: Telemetry,
         classifier: Classifier,
         clock: DatabaseClock,

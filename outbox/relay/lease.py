@@ -9,10 +9,11 @@ Each leased batch is handed to ``start`` (plan → dispatch → deliver → reco
 
 Fast paths (docs/performance.md):
 - The usual batch size is passed as ``usual_size``: the store writes it into the lease
-  statement, planned once per connection instead of at every lease (§ "Round two (2026-12-02):
-  what the relay costs its database", "PostgreSQL CPU per delivered message").
+  statement, planned once per connection instead of at every lease (§ "The lease's batch size in
+  its SQL").
 - At least two batches in flight, not one: one batch in flight was measured and dropped
-  (§ "The relay's own CPU", "Tried and dropped").
+  (§ "Latency-bound delivery", at least two batches in flight; the measurement is in the
+  benchmarks' journal, 2026-12-02).
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from outbox import store
 from outbox.core.clock import DatabaseClock
 from outbox.core.errors import DatabaseError
 from outbox.core.models import LeasedMessage
@@ -34,6 +34,7 @@ from outbox.relay.batch import Batch, Run, Targets, endpoint_names, finish
 from outbox.relay.breakers import BreakerBook
 from outbox.relay.dispatch import EndpointSlots
 from outbox.relay.stopping import StopSignal
+from outbox.store.contract import Lease, RelayStore
 
 logger = logging.getLogger("outbox.processor")
 
@@ -67,7 +68,7 @@ class Leaser:
 
     def __init__(
         self,
-        relay_store: store.RelayStore,
+        relay_store: RelayStore,
         settings: Settings,
         *,
         targets: Targets,
@@ -176,7 +177,7 @@ class Leaser:
         size = self._admission.room(window, self._settings.batch_size, waiting=others)
         return (skip, size) if size else ([], 0)
 
-    def _found(self, lease: store.Lease, size: int, skip: list[str]) -> None:
+    def _found(self, lease: Lease, size: int, skip: list[str]) -> None:
         """What a lease tells of the endpoints: those it found messages for contend for the
         slots; if it came back short, those it looked for and found nothing for are quiet."""
         slots = self._endpoint_slots
@@ -202,7 +203,7 @@ class Leaser:
             )
             slots.leased(found, looked)
 
-    async def _lease(self, size: int, skip: list[str]) -> store.Lease:
+    async def _lease(self, size: int, skip: list[str]) -> Lease:
         """Lease up to ``size`` messages, counted as waiting from before the statement is sent;
         ``skip``: event types whose messages it reads past (``_look_past``)."""
         self._admission.reserve(size)

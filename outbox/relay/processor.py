@@ -26,7 +26,6 @@ import asyncio
 import time
 from collections.abc import Callable
 
-from outbox import store
 from outbox.core.clock import DatabaseClock
 from outbox.core.errors import DatabaseError
 from outbox.core.models import DrainSummary
@@ -35,7 +34,7 @@ from outbox.core.settings import Settings
 from outbox.core.telemetry import Telemetry, process_telemetry
 from outbox.relay.admission import Admission, Slots
 from outbox.relay.batch import Batch, Run, endpoint_names, finish, plan, targets_of
-from outbox.relay.breaker_store import Breakers
+from outbox.relay.breaker_store import BreakerWriter
 from outbox.relay.breakers import Key
 from outbox.relay.classify import Classifier
 from outbox.relay.delivery import Deliver, Deliverer
@@ -43,6 +42,9 @@ from outbox.relay.dispatch import Dispatch, EndpointSlots
 from outbox.relay.lease import Leaser, max_waiting
 from outbox.relay.record import Recorder, report_error, shielded
 from outbox.relay.stopping import StopSignal, stop_rule
+from outbox.store.connection import Connection
+from outbox.store.contract import RelayStore
+from outbox.store.postgres import PostgresStore
 
 __all__ = ["Deliver", "OutboxProcessor", "shielded"]
 
@@ -50,24 +52,21 @@ __all__ = ["Deliver", "OutboxProcessor", "shielded"]
 class OutboxProcessor:
     """Drains the outbox: shared by the queue, timer and HTTP triggers (and ``outbox serve``).
 
-    Its store is ``relay_store`` if given (``store.memory.MemoryStore`` in the loop's unit tests),
-    else a ``store.PostgresStore`` over ``pool``."""
+    ``store`` is what it leases from and records to: a ``RelayStore`` (the runtime's
+    ``PostgresStore``; ``store.memory.MemoryStore`` in the loop's unit tests). A pool given in its
+    place (the first argument before the store contract) is wrapped in a ``PostgresStore``."""
 
     def __init__(
         self,
-        pool: store.Connection,
+        store: RelayStore | Connection,
         deliver: Deliver,
         settings: Settings,
         *,
         redact: Redactor | None = None,
         clock: DatabaseClock | None = None,
         telemetry: Telemetry | None = None,
-        relay_store: store.RelayStore | None = None,
     ) -> None:
-        if relay_store is None:
-            if pool is None:
-                raise TypeError("OutboxProcessor needs a pool or a relay_store")
-            relay_store = store.PostgresStore(pool)
+        relay_store = store if isinstance(store, RelayStore) else PostgresStore(store)
         self._store = relay_store
         self._settings = settings
         # Set at each lease, read by the publisher (webhook-timestamp) and for Retry-After dates.
@@ -82,7 +81,7 @@ class OutboxProcessor:
         # Spans and metrics: the API's no-ops unless an OpenTelemetry SDK is configured.
         self._telemetry = telemetry or process_telemetry()
         admission = Admission(settings.concurrency, max_waiting(settings))
-        breakers = Breakers(relay_store, self._other_endpoints)
+        breakers = BreakerWriter(relay_store, self._other_endpoints)
         self._breakers = breakers
         classifier = Classifier(settings.max_attempts, self._endpoints, self._redact)
         self._leaser = Leaser(

@@ -1,16 +1,16 @@
 """Record: a finished batch's outcomes written in one statement, retried after database errors.
 
-The write is fenced by each row's lease token (``store.record_outcomes``), shielded from
+The write is fenced by each row's lease token (``RelayStore.record_outcomes``), shielded from
 cancellation (``shielded``: a cancelled invocation must not lose a status update) and retried on
 transient database errors, each retry asking whether the lost write committed after all. It
 runs beside the next batch's deliveries and lease.
 
 Fast paths (docs/performance.md):
 - ``_record_sent``: the usual batch, each message answered 2xx by every endpoint with nothing
-  kept from before, is written by the leaner statement (``store.record_delivered``, two arrays
-  per message and six per attempt: § "Round two (2026-12-02): what the relay costs its
-  database") and builds no outcome objects unless DEBUG logs them ("a batch all delivered
-  written by `record_delivered`, no outcome objects built", § "The relay's own CPU").
+  kept from before, is written by the leaner statement (``RelayStore.record_delivered``, two
+  arrays per message and six per attempt: § "The lean outcome write") and builds no outcome
+  objects unless DEBUG logs them ("a batch all delivered written by `record_delivered`, no
+  outcome objects built", § "The relay's own CPU").
 - ``log_outcome`` skips building a line's fields when its level is off.
 """
 
@@ -21,15 +21,15 @@ import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
-from outbox import store
 from outbox.core.clock import DatabaseClock
 from outbox.core.errors import DatabaseError, describe
 from outbox.core.logs import log_event, trace_fields
 from outbox.core.models import Attempt, DrainSummary, Recorded, Response, Status
 from outbox.core.redact import Redactor
 from outbox.relay.batch import Batch, Run, endpoint_name
-from outbox.relay.breaker_store import Breakers
+from outbox.relay.breaker_store import BreakerWriter
 from outbox.relay.classify import Classifier
+from outbox.store.contract import RelayStore, SentAttempt, Written
 
 logger = logging.getLogger("outbox.processor")
 batch_logger = logging.getLogger("outbox.batch")
@@ -51,12 +51,12 @@ class Recorder:
 
     def __init__(
         self,
-        relay_store: store.RelayStore,
+        relay_store: RelayStore,
         *,
         hold_on_failure: bool,
         clock: DatabaseClock,
         classifier: Classifier,
-        breakers: Breakers,
+        breakers: BreakerWriter,
         redact: Redactor,
     ) -> None:
         self._store = relay_store
@@ -78,7 +78,7 @@ class Recorder:
         await self._record(records, batch.run)
 
     async def _record(self, records: list[Recorded], run: Run) -> None:
-        def write(retrying: bool) -> Awaitable[store.Written]:
+        def write(retrying: bool) -> Awaitable[Written]:
             return self._store.record_outcomes(
                 records, hold_on_failure=self._hold, retrying=retrying
             )
@@ -98,11 +98,11 @@ class Recorder:
                     counts.stale += 1
         _log_batch(batch)
 
-    async def _record_sent(self, batch: Batch, sent: list[store.SentAttempt]) -> None:
+    async def _record_sent(self, batch: Batch, sent: list[SentAttempt]) -> None:
         """Record a batch whose every message was delivered (``_all_sent``)."""
         messages = batch.messages
 
-        def write(retrying: bool) -> Awaitable[store.Written]:
+        def write(retrying: bool) -> Awaitable[Written]:
             return self._store.record_delivered(
                 messages, sent, hold_on_failure=self._hold, retrying=retrying
             )
@@ -123,13 +123,13 @@ class Recorder:
         _log_batch(DrainSummary(leased=len(messages), processed=len(messages) - stale, stale=stale))
 
     async def _write(
-        self, write: Callable[[bool], Awaitable[store.Written]], count: int, summary: DrainSummary
-    ) -> store.Written | None:
+        self, write: Callable[[bool], Awaitable[Written]], count: int, summary: DrainSummary
+    ) -> Written | None:
         """Run an outcome ``write`` (given whether it repeats one whose reply was lost), retried
         after transient errors; None when it failed for good: the run's error says why."""
         tries = 0
 
-        async def attempt() -> store.Written:
+        async def attempt() -> Written:
             nonlocal tries
             tries += 1
             # A retry may follow a write that committed before its connection was lost.
@@ -154,11 +154,11 @@ def report_error(summary: DrainSummary, text: str, redact: Redactor) -> None:
     logger.error("outbox drain: %s", summary.error)
 
 
-def _all_sent(batch: Batch) -> list[store.SentAttempt] | None:
+def _all_sent(batch: Batch) -> list[SentAttempt] | None:
     """The batch's attempts, if each message was answered 2xx (no text kept) by every endpoint of
-    its event type with nothing kept from before (all Processed: ``store.record_delivered``);
+    its event type with nothing kept from before (all Processed: ``RelayStore.record_delivered``);
     else None."""
-    sent: list[store.SentAttempt] = []
+    sent: list[SentAttempt] = []
     for message, planned in zip(batch.messages, batch.deliveries, strict=True):
         if message.endpoint_state is not None or not isinstance(planned, list):
             return None
@@ -170,7 +170,7 @@ def _all_sent(batch: Batch) -> list[store.SentAttempt] | None:
             if not isinstance(result, Response) or not 200 <= result.status < 300 or result.snippet:
                 return None  # (a snippet: kept by the general statement only)
             sent.append(
-                store.SentAttempt(
+                SentAttempt(
                     message.message_id,
                     endpoint_name(delivery.endpoint),
                     delivery.number,

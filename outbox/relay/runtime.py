@@ -11,14 +11,15 @@ import gc
 import time
 from typing import Self
 
-from outbox import store
 from outbox.core.clock import DatabaseClock
 from outbox.core.models import DrainSummary
 from outbox.core.resources import Closeable
 from outbox.core.settings import Settings
-from outbox.core.telemetry import Telemetry, configure
+from outbox.core.telemetry import Telemetry
 from outbox.relay.processor import OutboxProcessor
 from outbox.relay.wakeups import WakeUps
+from outbox.store.connection import Connection, create_pool
+from outbox.store.postgres import PostgresStore
 from outbox.transport.publisher import Publisher
 
 # The cyclic garbage collector's first threshold in a process that hosts the relay: objects made
@@ -45,23 +46,18 @@ class Relay(Closeable):
     def __init__(
         self,
         settings: Settings,
-        pool: store.Connection,
+        pool: Connection,
         publisher: Publisher,
         clock: DatabaseClock,
         telemetry: Telemetry | None = None,
     ) -> None:
         self.settings = settings
         self.pool = pool
-        self.store = store.PostgresStore(pool)
+        self.store = PostgresStore(pool)
         self.publisher = publisher
         self.loop = asyncio.get_running_loop()
         self.processor = OutboxProcessor(
-            pool,
-            publisher.deliver,
-            settings,
-            clock=clock,
-            telemetry=telemetry,
-            relay_store=self.store,
+            self.store, publisher.deliver, settings, clock=clock, telemetry=telemetry
         )
         # When the next run is wanted, and the hints (queue or NOTIFY) that wake one then.
         self.wakeups = WakeUps(settings, self.store)
@@ -87,11 +83,9 @@ class Relay(Closeable):
 
     @classmethod
     async def open(cls, settings: Settings, *, telemetry: Telemetry | None = None) -> Self:
-        """Open a relay; ``telemetry`` by default uses the global OpenTelemetry providers, with
-        an SDK set up first where the environment asks for one (``telemetry.configure``)."""
-        if telemetry is None:
-            configure()
-        pool = await store.create_pool(settings)
+        """Open a relay; ``telemetry`` by default uses the global OpenTelemetry providers: an
+        SDK the caller set up before (``outbox.telemetry.configure()``), else the API's no-ops."""
+        pool = await create_pool(settings)
         clock = DatabaseClock()  # set by the processor's leases, read by the signatures
         publisher = Publisher.from_settings(settings, clock.time)
         return cls(settings, pool, publisher, clock, telemetry)

@@ -27,7 +27,7 @@ With ``OUTBOX_WAKEUP=postgres`` a hint due now is a ``NOTIFY`` on the database (
 A NOTIFY fails once PostgreSQL's notification queue is full (a session that LISTENs and stays idle
 in a transaction keeps every notification sent since it began), and a producer's failure is only
 a warning in the producer's log. So ``serve`` reads the queue's usage every few seconds
-(``notify_queue_read``); while it is above ``operations.NOTIFY_QUEUE_ALERT_USAGE``, or for
+(``notify_queue_read``); while it is above ``NOTIFY_QUEUE_ALERT_USAGE`` (core.settings), or for
 ``NOTIFY_FAILED_POLL_SECONDS`` after a NOTIFY of its own failed, the process wants a run every
 ``FALLBACK_POLL_SECONDS``: it polls, and goes back to waiting for wake-ups once neither holds.
 """
@@ -39,13 +39,12 @@ import logging
 import math
 import time
 
-from outbox import store
 from outbox.core.backoff import JITTER_FRACTION
 from outbox.core.errors import DatabaseError
 from outbox.core.models import DrainSummary
 from outbox.core.resources import Closeable
-from outbox.core.settings import QueueSettings
-from outbox.store.operations import NOTIFY_QUEUE_ALERT_USAGE
+from outbox.core.settings import NOTIFY_QUEUE_ALERT_USAGE, QueueSettings
+from outbox.store.contract import RelayStore
 from outbox.transport.wakeup import MAX_DELAY_SECONDS, WakeUpQueue
 
 logger = logging.getLogger("outbox.wakeups")
@@ -68,9 +67,7 @@ class WakeUps(Closeable):
     """The process's wake-up hints (its queue client, the delayed hints it has sent) and the
     earliest time it wants a run."""
 
-    def __init__(
-        self, settings: QueueSettings, relay_store: store.RelayStore | None = None
-    ) -> None:
+    def __init__(self, settings: QueueSettings, relay_store: RelayStore | None = None) -> None:
         """``relay_store``: where ``OUTBOX_WAKEUP=postgres`` sends its NOTIFY."""
         self._settings = settings
         self._notifier = relay_store if settings.wakes_by_postgres else None
@@ -159,7 +156,7 @@ class WakeUps(Closeable):
         self._notify_failed_at = now
         self._poll(now)
 
-    async def after_run(self, relay_store: store.RelayStore, summary: DrainSummary) -> None:
+    async def after_run(self, relay_store: RelayStore, summary: DrainSummary) -> None:
         """Wake the next run when it is needed: now, after a database error, when the next
         message comes due, or, while polling, in ``FALLBACK_POLL_SECONDS``."""
         if summary.stopped_by == "error":

@@ -1,10 +1,11 @@
-"""What the relay asks of its store: every call the relay's parts make, and nothing else.
+"""What the relay asks of its store: every call the relay's parts make, and nothing else, with
+the values those calls take and give (so a store and the relay share no driver's module).
 
 Two stores keep this contract: ``PostgresStore`` (``outbox.store.postgres``: the named statements
 of ``queries.sql`` over a pool, what every host runs) and ``MemoryStore`` (``outbox.store.memory``:
 the same rules over dicts, for the unit tests of the relay's loop). tests/contract runs the same
-assertions against both. The operators' commands (status, requeue, purge, migrate) are not part of
-it: they speak SQL to PostgreSQL only.
+assertions against both. The operators' commands (``outbox.operations``: status, requeue, purge)
+and migrations are not part of it: they speak to PostgreSQL only.
 
 A call returns an awaitable: ``PostgresStore`` hands back the statement's own coroutine (no frame
 of its own per call on the relay's path), ``MemoryStore`` answers in an ``async def``. Database
@@ -14,19 +15,67 @@ failures are raised as ``outbox.core.errors.DatabaseError``.
 from __future__ import annotations
 
 from collections.abc import Awaitable, Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol, runtime_checkable
 from uuid import UUID
 
 from outbox.core.models import LeasedMessage, Recorded
 from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES
-from outbox.store.postgres import Lease, SentAttempt, Written
 
 Key = tuple[str, str]  # an endpoint: (event type, endpoint name)
 
 
+class BreakerSeen(NamedTuple):
+    """What a relay's lease tells it of an endpoint whose breaker counts failures or is open."""
+
+    event_type: str
+    endpoint: str
+    failures: int
+    reopen_in: float | None  # seconds until it reopens (negative: it may be probed; None: closed)
+    probing: bool
+    paused: bool = False  # paused by an operator: its deliveries wait until it is resumed
+
+
+class Lease(NamedTuple):
+    """What one lease statement did: the messages it leased (at most the batch size), and how
+    many due rows it parked behind their ordering key (those take none of the batch, and may be
+    many more). When together they reach the batch size, more may be due."""
+
+    messages: list[LeasedMessage]
+    parked: int = 0
+    # The database's clock when it leased them (seconds since the epoch), if it leased any.
+    database_now: float | None = None
+    # Endpoints whose breaker counts failures or is open (read with the lease).
+    troubled: list[BreakerSeen] | None = None
+
+    @property
+    def taken(self) -> int:
+        return len(self.messages) + self.parked
+
+
+class Written(NamedTuple):
+    """What an outcome write applied: the ids still held by our lease, and whether one of them
+    let the next message of its ordering key go, due now."""
+
+    applied: set[UUID]
+    lets_next_go: bool = False
+
+
+class SentAttempt(NamedTuple):
+    """One attempt of ``record_delivered``: an endpoint that answered 2xx. Element i of its
+    i-th attempt array, in this order."""
+
+    outbox_message_id: UUID
+    endpoint: str
+    attempt_number: int
+    started_epoch: float
+    duration_ms: int
+    http_status: int
+
+
+@runtime_checkable
 class RelayStore(Protocol):
-    """The store calls of the relay (lease, record, breakers, wake-ups), as ``store.postgres``
-    names and documents them."""
+    """The store calls of the relay (lease, record, breakers, wake-ups), as
+    ``store.postgres.PostgresStore`` documents them."""
 
     def lease_batch(
         self,

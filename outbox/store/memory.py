@@ -37,8 +37,7 @@ from outbox.core.errors import DatabaseError
 from outbox.core.models import LeasedMessage, Recorded, Status
 from outbox.core.outcomes import attempt_facts
 from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES
-from outbox.store.contract import Key, RelayStore
-from outbox.store.postgres import BreakerSeen, Lease, SentAttempt, Written
+from outbox.store.contract import BreakerSeen, Key, Lease, RelayStore, SentAttempt, Written
 
 PENDING, PROCESSING = Status.PENDING.value, Status.PROCESSING.value
 PROCESSED, FAILED = Status.PROCESSED.value, Status.FAILED.value

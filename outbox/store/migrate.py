@@ -33,7 +33,8 @@ from typing import TypeVar
 
 from outbox.core.errors import DatabaseError, MigrationError
 from outbox.core.text import escape_controls
-from outbox.store import postgres as store
+from outbox.store import schema
+from outbox.store.connection import Connection
 
 logger = logging.getLogger("outbox.migrate")
 T = TypeVar("T")
@@ -123,7 +124,7 @@ def discover(directory: Traversable | None = None) -> list[Migration]:
 
 
 async def migrate(
-    conn: store.Connection,
+    conn: Connection,
     directory: Traversable | None = None,
     *,
     max_lock_wait: float = DEFAULT_MAX_LOCK_WAIT_SECONDS,
@@ -136,11 +137,11 @@ async def migrate(
     ``LOCK_TIMEOUT_SECONDS`` rolls back and is tried again; after ``max_lock_wait`` seconds of
     that, MigrationError (the migrations before it stay applied).
     """
-    return await _apply(conn, directory or MIGRATIONS_DIR, store.RELAY_MIGRATIONS, max_lock_wait)
+    return await _apply(conn, directory or MIGRATIONS_DIR, schema.RELAY_MIGRATIONS, max_lock_wait)
 
 
 async def migrate_inbox(
-    conn: store.Connection,
+    conn: Connection,
     directory: Traversable | None = None,
     *,
     max_lock_wait: float = DEFAULT_MAX_LOCK_WAIT_SECONDS,
@@ -149,14 +150,14 @@ async def migrate_inbox(
     ``migrate`` does the relay's, recorded in ``outbox_inbox_migrations`` under a lock of its own.
     """
     return await _apply(
-        conn, directory or INBOX_MIGRATIONS_DIR, store.INBOX_MIGRATIONS, max_lock_wait
+        conn, directory or INBOX_MIGRATIONS_DIR, schema.INBOX_MIGRATIONS, max_lock_wait
     )
 
 
 async def _apply(
-    conn: store.Connection,
+    conn: Connection,
     directory: Traversable,
-    bookkeeping: store.Bookkeeping,
+    bookkeeping: schema.Bookkeeping,
     max_lock_wait: float,
 ) -> list[str]:
     migrations = discover(directory)
@@ -164,8 +165,8 @@ async def _apply(
         if not migration.transactional:
             migration.concurrent_index()  # the convention checked before anything is applied
     lock_timeout = f"{int(LOCK_TIMEOUT_SECONDS * 1000)}ms"
-    async with store.migration_lock(conn, bookkeeping, lock_timeout):
-        applied = await store.applied_migrations(conn, bookkeeping)
+    async with schema.migration_lock(conn, bookkeeping, lock_timeout):
+        applied = await schema.applied_migrations(conn, bookkeeping)
         _check_unchanged(migrations, applied)
         done = []
         for migration in migrations:
@@ -178,21 +179,21 @@ async def _apply(
 
 
 async def _apply_one(
-    conn: store.Connection,
+    conn: Connection,
     migration: Migration,
-    bookkeeping: store.Bookkeeping,
+    bookkeeping: schema.Bookkeeping,
     max_lock_wait: float,
 ) -> None:
     """Apply ``migration``, trying again while its locks are held by others."""
     index = None if migration.transactional else migration.concurrent_index()
 
-    async def apply(conn: store.Connection) -> None:
+    async def apply(conn: Connection) -> None:
         if migration.transactional:
-            await store.apply_migration(
+            await schema.apply_migration(
                 conn, migration.name, migration.sql, migration.checksum, bookkeeping
             )
         else:
-            await store.apply_migration_alone(
+            await schema.apply_migration_alone(
                 conn, migration.name, migration.sql, migration.checksum, bookkeeping, index
             )
 
@@ -200,10 +201,10 @@ async def _apply_one(
 
 
 async def retrying(
-    conn: store.Connection,
+    conn: Connection,
     what: str,
     max_lock_wait: float,
-    step: Callable[[store.Connection], Awaitable[T]],
+    step: Callable[[Connection], Awaitable[T]],
 ) -> T:
     """Run ``step`` (one transaction, under the lock timeout) until its locks are granted, waiting
     between tries for the sessions that hold them; ``what`` names it in the warnings and in the
@@ -222,12 +223,12 @@ async def retrying(
 
 
 async def _wait_for_lock(
-    conn: store.Connection, what: str, started: float, max_lock_wait: float, tries: int
+    conn: Connection, what: str, started: float, max_lock_wait: float, tries: int
 ) -> None:
     """Say what ``what`` (``migration 0005_…``, a step of a layout change) waits for, then wait
     until those sessions have finished or a backoff has passed; MigrationError once
     ``max_lock_wait`` seconds have gone by."""
-    holders = await store.lock_holders(conn)
+    holders = await schema.lock_holders(conn)
     waited = time.monotonic() - started
     if waited >= max_lock_wait:
         raise MigrationError(
@@ -248,7 +249,7 @@ async def _wait_for_lock(
     deadline = time.monotonic() + pause
     while time.monotonic() < deadline:
         await asyncio.sleep(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
-        if holders and not await store.lock_holders_remaining(conn, holders):
+        if holders and not await schema.lock_holders_remaining(conn, holders):
             return
 
 

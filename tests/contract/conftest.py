@@ -14,7 +14,7 @@ from uuid import UUID
 import pytest
 
 from outbox import store
-from outbox.store import postgres
+from outbox.operations import sql
 from outbox.store.memory import MemoryStore
 
 
@@ -130,7 +130,7 @@ class PostgresHarness(Harness):
         )
 
     async def pause(self, key: tuple[str, str]) -> None:
-        assert await postgres.pause_endpoint(self.db, key, "operator")
+        assert await sql.value(self.db, "pause_endpoint", *key, "operator")
 
 
 class MemoryHarness(Harness):

@@ -19,7 +19,7 @@ from outbox.core.models import (
     Status,
     TransportError,
 )
-from outbox.store import SentAttempt
+from outbox.store.contract import SentAttempt
 from tests.contract.conftest import Harness
 
 KEY = ("OrderCompleted", "orders")

@@ -13,9 +13,8 @@ import pytest
 
 from outbox.azure import functions
 from outbox.core.errors import BadRequestError
-from outbox.core.queries import MESSAGE_FLAGS, parse_message_query
-from outbox.store import operator
-from outbox.store import postgres as store
+from outbox.operations import actions, views
+from outbox.operations.list_query import MESSAGE_FLAGS, parse_message_query
 from tests.conftest import SECRET
 from tests.support.outbox_helpers import open_relay, run_cli, seed, statuses
 from tests.support.receiver import Receiver
@@ -77,7 +76,7 @@ async def test_overview_counts_and_groups_failures_by_reason(db: Any, app_env: N
 async def test_the_overview_estimates_processed_beyond_what_it_counts_and_says_so(
     db: Any, app_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(operator, "PROCESSED_COUNTED", 3)
+    monkeypatch.setattr(views, "PROCESSED_COUNTED", 3)
     ids = await seed(db, 7)
     await db.execute(
         "UPDATE outbox_messages SET status = 'Processed', processed_at = now() "
@@ -93,7 +92,7 @@ async def test_the_overview_estimates_processed_beyond_what_it_counts_and_says_s
 async def test_a_filter_no_index_serves_reads_a_bounded_scan_and_goes_on_where_it_stopped(
     db: Any, app_env: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(store, "CONSOLE_SCAN_LIMIT", 4)
+    monkeypatch.setattr(views, "CONSOLE_SCAN_LIMIT", 4)
     invoices = await seed(db, 6, "InvoicePaid")
     await seed(db, 5)  # newer: the first scan of 4 rows finds no InvoicePaid
     params = {"event_type": "InvoicePaid", "limit": "50"}
@@ -299,7 +298,7 @@ async def test_a_paused_endpoint_waits_spending_no_attempt_while_the_other_recei
             ]
         }
     )
-    await operator.pause(db, ("OrderCompleted", "shipping"), actor="key:test")
+    await actions.pause(db, ("OrderCompleted", "shipping"), actor="key:test")
     ids = await seed(db, 3)
     async with open_relay(settings) as relay:
         await relay.drain(10)
@@ -315,14 +314,14 @@ async def test_a_paused_endpoint_waits_spending_no_attempt_while_the_other_recei
             state = json.loads(r["endpoint_state"])
             assert state["shipping"]["status"] == "Pending"
             assert state["shipping"]["attempts"] == 0  # waiting spent no attempt
-        resumed = await operator.resume(db, ("OrderCompleted", "shipping"), actor="key:test")
+        resumed = await actions.resume(db, ("OrderCompleted", "shipping"), actor="key:test")
         assert resumed["due"] == 3
         await relay.drain(10)
     assert len(receiver.to("/shipping")) == 3
     assert len(receiver.to("/billing")) == 3
     assert await statuses(db) == {"Processed": 3}
     configured = {"OrderCompleted": ["billing", "shipping"]}
-    health = {e["endpoint"]: e for e in await operator.endpoint_health(db, configured)}
+    health = {e["endpoint"]: e for e in await views.endpoint_health(db, configured)}
     assert (health["billing"]["attempts_last_hour"], health["shipping"]["attempts_last_hour"]) == (
         3,
         3,

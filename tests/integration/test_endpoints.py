@@ -12,9 +12,9 @@ import azure.functions as func
 import pytest
 
 import outbox
+from outbox import operations
 from outbox.azure import functions
-from outbox.core.requests import RequeueFilter
-from outbox.store import operations
+from outbox.operations.requests import RequeueFilter
 from tests.conftest import SECRET
 from tests.support.outbox_helpers import eventually, open_relay, row, run_cli, seed, statuses
 from tests.support.receiver import Received, Receiver, Reply

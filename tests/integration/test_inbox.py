@@ -14,8 +14,8 @@ from typing import Any
 import asyncpg
 import pytest
 
+from outbox import operations
 from outbox.core.errors import TransactionRequiredError
-from outbox.store import operations
 from tests.integration.conftest import Connect
 from tests.support.drivers import KINDS
 from tests.support.outbox_helpers import eventually

@@ -7,7 +7,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from outbox.core.models import LeasedMessage
-from outbox.store import QUERIES, lease_statement
+from outbox.store import QUERIES
+from outbox.store.postgres import lease_statement
 from tests.support.outbox_helpers import seed
 
 DUE_INDEX = "outbox_messages_due_idx"

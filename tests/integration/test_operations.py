@@ -14,12 +14,13 @@ import azure.functions as func
 import pytest
 from azure.functions.timer import TimerRequest
 
-from outbox import store
+from outbox import operations
 from outbox.azure import functions, triggers
 from outbox.core.errors import BadRequestError
-from outbox.core.requests import RequeueFilter
+from outbox.operations import retention
+from outbox.operations.requests import RequeueFilter
 from outbox.relay.processor import OutboxProcessor
-from outbox.store import operations
+from outbox.store.postgres import PostgresStore
 from outbox.transport.publisher import Publisher
 from tests.conftest import SECRET
 from tests.support.outbox_helpers import open_relay, row, run_cli, seed, statuses
@@ -439,7 +440,7 @@ async def test_purge_goes_by_the_finish_time_and_reads_on_from_the_last_row_it_d
     assert kinds.index("Late") < len(old)  # some Late row comes before the last Old one
 
     # From a position: only what follows it goes, however many rows come before it.
-    deleted, last = await store.purge_processed(db, 7, 100, after=old[9])
+    deleted, last = await retention.purge_processed(db, 7, 100, after=old[9])
     assert (deleted, last) == (15, old[-1])
     left = {
         r["outbox_message_id"]
@@ -447,7 +448,7 @@ async def test_purge_goes_by_the_finish_time_and_reads_on_from_the_last_row_it_d
     }
     assert {message_id for _, message_id in old[:10]} <= left
     assert not {message_id for _, message_id in old[10:]} & left
-    assert await store.purge_processed(db, 7, 100, after=old[-1]) == (0, None)
+    assert await retention.purge_processed(db, 7, 100, after=old[-1]) == (0, None)
 
     # The whole purge: every row finished before the cutoff, none finished after it.
     report = await operations.purge(db, retention_days=7, failed_retention_days=None, batch_size=4)
@@ -514,12 +515,12 @@ async def test_purging_200k_rows_does_not_stall_a_running_drain(
         database_url, min_size=0, max_size=4, server_settings={"lock_timeout": "1s"}
     )
     publisher = Publisher.from_settings(settings)
-    processor = OutboxProcessor(pool, publisher.deliver, settings)
+    processor = OutboxProcessor(PostgresStore(pool), publisher.deliver, settings)
     purger = await asyncpg.connect(database_url)
     try:
         # A purge batch caught mid-transaction, holding its row locks: the drain goes past it.
         async with purger.transaction():
-            assert await store.purge_batch(purger, "Processed", 7, 1000) == 1000
+            assert await retention.purge_batch(purger, "Processed", 7, 1000) == 1000
             during_batch = await processor.execute()
         # The whole purge, batch after batch, while a second drain runs.
         await seed(db, 200)

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 import outbox
-from outbox.store import QUERIES, operations
+from outbox import operations
+from outbox.store import QUERIES
 from tests.support.outbox_helpers import eventually, open_relay, statuses
 from tests.support.receiver import Received, Receiver, Reply
 

@@ -14,9 +14,11 @@ import asyncpg
 import pytest
 
 import outbox
+from outbox import operations
 from outbox.core.errors import DuplicateMessageError
-from outbox.core.requests import RequeueFilter
-from outbox.store import operations, partitions
+from outbox.operations.requests import RequeueFilter
+from outbox.store import partitions
+from outbox.store.partitions import maintenance, naming
 from tests.support.outbox_helpers import open_relay, run_cli, seed, statuses
 from tests.support.receiver import Receiver
 
@@ -152,8 +154,8 @@ async def test_a_row_no_partition_covers_waits_in_the_default_partition_until_pu
     partitioned: Any,
 ) -> None:
     db = partitioned
-    tomorrow = partitions._floor(datetime.now(UTC), timedelta(days=1)) + timedelta(days=1)
-    name = partitions._partition_name("outbox_messages", tomorrow, timedelta(days=1))
+    tomorrow = naming.floor(datetime.now(UTC), timedelta(days=1)) + timedelta(days=1)
+    name = naming.partition_name("outbox_messages", tomorrow, timedelta(days=1))
     await db.execute(f"DROP TABLE {name}")  # as if the purge had not run for days
     late = await insert_at(db, tomorrow + timedelta(hours=2))
     status = (await operations.backlog_status(db, 900)).as_dict()
@@ -174,7 +176,7 @@ async def test_a_row_no_partition_covers_waits_in_the_default_partition_until_pu
 
 async def past_days(db: Any, days: int) -> datetime:
     """Partitions for the ``days`` days before today; returns the first day's start."""
-    today = partitions._floor(datetime.now(UTC), timedelta(days=1))
+    today = naming.floor(datetime.now(UTC), timedelta(days=1))
     first = today - timedelta(days=days)
     await partitions.ensure_partitions(db, first, today)
     return first
@@ -210,14 +212,14 @@ async def test_retention_drops_old_partitions_and_keeps_every_live_row(
         )
     recent = await seed(db, 3)
     before = await partition_names(db)
-    oldest = partitions._partition_name("outbox_messages", first, timedelta(days=1))
+    oldest = naming.partition_name("outbox_messages", first, timedelta(days=1))
     assert oldest in before
 
     report = await purge(db, retention_days=2)
     assert report.layout == "partitioned"
     dropped = report.partitions["dropped"]
     assert oldest in dropped
-    assert partitions._partition_name("outbox_attempts", first, timedelta(days=1)) in dropped
+    assert naming.partition_name("outbox_attempts", first, timedelta(days=1)) in dropped
     assert report.partitions["rows_carried"] == 3  # late_done, waiting, failed
     # The claim of the id whose message is gone is released; the carried one's is kept.
     assert report.partitions["ids_released"] == 1
@@ -261,11 +263,11 @@ async def test_a_partition_past_retention_with_many_live_rows_is_kept_whole(
     partitioned: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     db = partitioned
-    monkeypatch.setattr(partitions, "CARRY_LIMIT", 1)
+    monkeypatch.setattr(maintenance, "CARRY_LIMIT", 1)
     first = await past_days(db, 4)
     live = [await insert_at(db, first + timedelta(hours=1)) for _ in range(2)]
     report = await purge(db, retention_days=2)
-    oldest = partitions._partition_name("outbox_messages", first, timedelta(days=1))
+    oldest = naming.partition_name("outbox_messages", first, timedelta(days=1))
     assert {"name": oldest, "live_rows_over": 1} in report.partitions["kept"]
     assert oldest in await partition_names(db)
     assert (

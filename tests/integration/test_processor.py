@@ -21,6 +21,7 @@ from outbox.core.settings import QueueSettings
 from outbox.relay.lease import batches_in_flight
 from outbox.relay.processor import Deliver, OutboxProcessor, shielded
 from outbox.relay.record import Recorder
+from outbox.store.postgres import PostgresStore, lease_past_statement, lease_statement
 from outbox.transport.wakeup import WakeUpQueue
 from tests.conftest import SECRET
 from tests.support.azure import connection_string, free_port
@@ -289,7 +290,7 @@ async def test_a_hint_s_run_does_not_lease_again_once_caught_up(
     settings = make_settings(batch_size=10)
     async with open_relay(settings) as relay:
         pool = CountingPool(relay.pool)
-        processor = OutboxProcessor(pool, relay.publisher.deliver, settings)
+        processor = OutboxProcessor(PostgresStore(pool), relay.publisher.deliver, settings)
         summary = await processor.execute(until_caught_up=True)
     assert (summary.processed, summary.stopped_by) == (25, "drained")
     # 10, 10, 5: the short lease ends the run without one more that would find nothing.
@@ -321,15 +322,15 @@ OUTCOME_WRITES = ("record_outcomes", "record_delivered")
 
 def statement_name(query: str) -> str:
     """The name of a statement the relay ran; its usual lease has its batch size written in
-    (``store.lease_statement``)."""
+    (``postgres.lease_statement``)."""
     for name, statement in store.QUERIES.items():
         if statement == query:
             return name
-    if query == store.lease_past_statement():
+    if query == lease_past_statement():
         return "lease_past"
     size = re.search(r"LIMIT (\d+)\n\)", query)
     assert size is not None, query
-    assert query == store.lease_statement(int(size[1])), query
+    assert query == lease_statement(int(size[1])), query
     return "lease_batch"
 
 
@@ -364,7 +365,7 @@ async def test_outcomes_of_a_batch_are_written_in_one_statement(
     settings = make_settings(batch_size=10)
     async with open_relay(settings) as relay:
         pool = CountingPool(relay.pool)
-        processor = OutboxProcessor(pool, relay.publisher.deliver, settings)
+        processor = OutboxProcessor(PostgresStore(pool), relay.publisher.deliver, settings)
         summary = await processor.execute()
     assert (summary.processed, summary.retried) == (20, 5)
     writes = [(name, size) for name, size in pool.calls if name in OUTCOME_WRITES]
@@ -381,7 +382,7 @@ async def drain_with_delivery(settings: Any, wrap: Callable[[Deliver], Deliver])
     """One run of a processor whose delivery a test wraps, to inject a fault at that edge."""
     async with open_relay(settings) as relay:
         publish = relay.publisher.deliver
-        processor = OutboxProcessor(relay.pool, wrap(publish), settings)
+        processor = OutboxProcessor(relay.store, wrap(publish), settings)
         return await asyncio.wait_for(processor.execute(), 60)  # a guard against a hang
 
 
@@ -404,14 +405,14 @@ async def test_a_batch_all_delivered_is_written_as_the_general_statement_writes_
 ) -> None:
     # The lean statement (record_delivered) must leave the very rows record_outcomes would.
     ids = await seed(db, 2, payload=lambda _: {"same": True})
-    lease = await store.lease_batch(db, 10, 30.0)
+    lease = await PostgresStore(db).lease_batch(10, 30.0)
     general, lean = sorted(lease.messages, key=lambda m: ids.index(m.message_id))
     started = time.time()
     outcome = Outcome(Status.PROCESSED)
     attempt = Delivered("OrderCompleted", 1, Attempt(Response(204), started, 12), outcome)
-    await store.record_outcomes(db, [Recorded(general, outcome, (attempt,))])
+    await PostgresStore(db).record_outcomes([Recorded(general, outcome, (attempt,))])
     sent = store.SentAttempt(lean.message_id, "OrderCompleted", 1, started, 12, 204)
-    written = await store.record_delivered(db, [lean], [sent])
+    written = await PostgresStore(db).record_delivered([lean], [sent])
     assert written == store.Written({lean.message_id}, lets_next_go=False)
 
     async def written_for(message_id: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -496,7 +497,7 @@ async def test_an_outcome_write_retried_after_its_lost_reply_counts_and_records_
     settings = make_settings()
     async with open_relay(settings) as relay:
         pool = LostReplyPool(relay.pool)
-        processor = OutboxProcessor(pool, relay.publisher.deliver, settings)
+        processor = OutboxProcessor(PostgresStore(pool), relay.publisher.deliver, settings)
         summary = await processor.execute()
     assert pool.lost == statement
     assert (summary.processed + summary.retried, summary.stale, summary.unrecorded) == (3, 0, 0)
@@ -547,7 +548,7 @@ async def test_an_outcome_write_that_fails_ends_the_run(
     assert open_batches * 5 <= 50
     async with open_relay(settings) as relay:
         pool = FailingWritesPool(relay.pool, error)
-        processor = OutboxProcessor(pool, relay.publisher.deliver, settings)
+        processor = OutboxProcessor(PostgresStore(pool), relay.publisher.deliver, settings)
         summary = await processor.execute()
     assert summary.stopped_by == "error"
     assert (summary.error or "").startswith(reported)
@@ -588,7 +589,7 @@ async def test_a_batch_that_fails_outside_its_deliveries_is_logged_without_secre
     monkeypatch.setattr(Recorder, "record", broken)
     settings = make_settings()
     async with open_relay(settings) as relay:
-        processor = OutboxProcessor(relay.pool, relay.publisher.deliver, settings)
+        processor = OutboxProcessor(relay.store, relay.publisher.deliver, settings)
         await asyncio.wait_for(processor.execute(), 60)
     logged = [r.getMessage() for r in caplog.records if "batch failed" in r.getMessage()]
     assert logged
@@ -626,7 +627,7 @@ async def test_an_expired_lease_is_released_to_another_worker(
 ) -> None:
     [message_id] = await seed(db)
     # A worker leases the row for half a second and dies without recording anything.
-    [leased] = (await store.lease_batch(db, 10, 0.5)).messages
+    [leased] = (await PostgresStore(db).lease_batch(10, 0.5)).messages
     await eventually(lambda: db.fetchval("SELECT lease_expires_at <= now() FROM outbox_messages"))
     async with open_relay(make_settings()) as relay:
         summary = await relay.processor.execute()
@@ -640,7 +641,7 @@ async def test_a_valid_lease_is_not_taken_by_another_worker(
     db: Any, receiver: Receiver, make_settings: Any
 ) -> None:
     [message_id] = await seed(db)
-    await store.lease_batch(db, 10, 60)
+    await PostgresStore(db).lease_batch(10, 60)
     async with open_relay(make_settings()) as relay:
         summary = await relay.processor.execute()
     assert summary.leased == 0

@@ -14,9 +14,9 @@ import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
 import outbox
+from outbox import operations
 from outbox.core.telemetry import Telemetry
 from outbox.relay.runtime import Relay
-from outbox.store import operations
 from tests.conftest import SECRET
 from tests.support.outbox_helpers import row, seed
 from tests.support.receiver import Receiver, Reply

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from outbox import store
 from outbox.core.outcomes import MAX_ERROR_CHARS
 from outbox.core.telemetry import MAX_TRACE_CONTEXT_CHARS, OVERSIZE_KEY
+from outbox.store.postgres import PostgresStore
 from tests.support.instrumented_relay import memory_growth_kib
 from tests.support.outbox_helpers import open_relay, row, seed
 from tests.support.receiver import Receiver
@@ -43,7 +43,7 @@ async def test_a_lease_expired_by_hand_takes_effect_at_once(
     [message_id] = await seed(db)
     # A worker leased it for an hour and is stuck; the operator ends its lease by hand, setting
     # only the lease's own deadline (next_attempt_at still shows the hour).
-    await store.lease_batch(db, 10, 3600)
+    await PostgresStore(db).lease_batch(10, 3600)
     await db.execute(
         "UPDATE outbox_messages SET lease_expires_at = now() WHERE outbox_message_id = $1",
         message_id,
@@ -154,7 +154,7 @@ async def test_a_30_mb_trace_context_is_not_fetched_and_the_message_delivered(
     [plain] = await seed(db)
     # The lease returns a small stand-in with the context's length in place of the context;
     # a row without one still has none.
-    lease = await store.lease_batch(db, 10, 60)
+    lease = await PostgresStore(db).lease_batch(10, 60)
     contexts = {m.message_id: m.trace_context for m in lease.messages}
     assert contexts[plain] is None
     assert json.loads(contexts[huge]) == {OVERSIZE_KEY: chars}

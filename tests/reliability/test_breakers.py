@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 
 from outbox import store
-from outbox.relay.breaker_store import Breakers
+from outbox.relay.breaker_store import BreakerWriter
 from outbox.relay.breakers import PROBE, THRESHOLD
 from tests.support.outbox_helpers import eventually, open_relay, run_cli, seed, seed_many, statuses
 from tests.support.raw_server import RawServer
@@ -252,7 +252,7 @@ async def test_a_lease_that_returns_during_a_probe_claim_does_not_keep_the_claim
     pool = await asyncpg.create_pool(database_url, min_size=1, max_size=2)
     other = await asyncpg.connect(database_url)
     try:
-        breakers = Breakers(store.PostgresStore(pool), lambda _: [])
+        breakers = BreakerWriter(store.PostgresStore(pool), lambda _: [])
         breakers.book.learn(seen, as_of=time.monotonic())
         assert breakers.book.verdict(key) == PROBE
         # Another relay is claiming the probe; this one's claim waits for its row lock.

@@ -22,6 +22,7 @@ from outbox.azure import functions as relay_functions
 from outbox.core.models import DrainSummary
 from outbox.core.settings import QueueSettings
 from outbox.relay.processor import OutboxProcessor
+from outbox.store.postgres import PostgresStore
 from outbox.transport.publisher import Publisher
 from tests.support.azure import free_port
 from tests.support.outbox_helpers import (
@@ -328,7 +329,9 @@ async def test_a_statement_that_times_out_ends_the_run_with_an_error_that_says_s
         async with db.transaction():
             # Nothing of the table can be read while this is held: the lease waits, then times out.
             await db.execute("LOCK TABLE outbox_messages IN ACCESS EXCLUSIVE MODE")
-            summary = await OutboxProcessor(pool, publisher.deliver, settings).execute()
+            summary = await OutboxProcessor(
+                PostgresStore(pool), publisher.deliver, settings
+            ).execute()
     finally:
         await publisher.close()
         await pool.close()

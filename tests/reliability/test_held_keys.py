@@ -12,8 +12,9 @@ import asyncpg
 import pytest
 
 import outbox
-from outbox import store
-from outbox.store import operations
+from outbox import operations
+from outbox.store.contract import Lease
+from outbox.store.postgres import PostgresStore, lease_statement
 from tests.support.outbox_helpers import statuses
 from tests.support.receiver import Received, Receiver, Reply
 from tests.support.relay_process import RelayProcess, relay_env
@@ -119,8 +120,8 @@ HELD_KEYS, HELD_BEHIND = 4, 5_000
 PARKED_BY_A_LEASE = 10_000
 
 
-async def lease(db: Any, *, skip: tuple[str, ...] = ()) -> store.Lease:
-    return await store.lease_batch(db, 100, 60.0, usual_size=100, skip=skip)
+async def lease(db: Any, *, skip: tuple[str, ...] = ()) -> Lease:
+    return await PostgresStore(db).lease_batch(100, 60.0, usual_size=100, skip=skip)
 
 
 async def test_messages_beside_a_held_backlog_are_leased_by_the_first_leases(db: Any) -> None:
@@ -189,7 +190,7 @@ async def test_under_release_the_message_after_a_failed_one_goes_beside_a_held_b
     )
     await db.execute("ANALYZE outbox_messages")
 
-    first = await store.lease_batch(db, 100, 60.0, hold_on_failure=False, usual_size=100)
+    first = await PostgresStore(db).lease_batch(100, 60.0, hold_on_failure=False, usual_size=100)
     # Release: a Failed message lets the rest of its key go, one at a time.
     leased = {m.message_id for m in first.messages}
     assert ids[1] in leased
@@ -220,7 +221,7 @@ async def test_a_lease_that_reads_every_due_row_visits_no_keys(db: Any) -> None:
 
 
 async def visited_by_a_lease(db: Any) -> int:
-    explain = "EXPLAIN (ANALYZE, FORMAT JSON) " + store.lease_statement(100)
+    explain = "EXPLAIN (ANALYZE, FORMAT JSON) " + lease_statement(100)
     transaction = db.transaction()
     await transaction.start()
     try:

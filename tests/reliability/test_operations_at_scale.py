@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from outbox.store import QUERIES, operations
+from outbox import operations
+from outbox.operations.sql import QUERIES
 from tests.support.instrumented_relay import memory_growth_kib
 from tests.support.outbox_helpers import statuses
 from tests.support.relay_process import relay_env, run_relay

@@ -21,10 +21,10 @@ import pytest
 from azure.functions.timer import TimerRequest
 
 import outbox
+from outbox import operations
 from outbox.azure import functions
 from outbox.azure.host import functions_host
 from outbox.core.errors import OutboxError
-from outbox.store import operations
 from tests.conftest import SECRET
 from tests.support.azure import free_port
 from tests.support.outbox_helpers import open_relay, seed

@@ -22,6 +22,8 @@ SOURCES = ("outbox", "migrations", "pyproject.toml", "README.md", "LICENSE")
 # Run-time files a wheel must hold (beside every module).
 MUST_HOLD = (
     "outbox/store/queries.sql",
+    "outbox/store/partitions/partitions.sql",
+    "outbox/operations/queries.sql",
     "outbox/migrations/0001_create_outbox_messages.sql",
     "outbox/migrations/inbox/0001_create_outbox_inbox.sql",
     "outbox/host.json",

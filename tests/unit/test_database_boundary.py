@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from outbox.core.errors import DatabaseError
-from outbox.store.postgres import database_boundary
+from outbox.store.connection import database_boundary
 
 # What asyncpg raises for a statement taken to a pooled connection whose server has just
 # terminated it (read the notice, not yet the end of the stream): a lease's cached statement.

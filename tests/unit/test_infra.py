@@ -608,3 +608,21 @@ def test_the_parameters_file_holds_no_placeholder_and_deploys_as_it_is() -> None
     assert TEMPLATE["parameters"]["postgresAdminName"]["defaultValue"] == (
         "[deployer().userPrincipalName]"
     )
+
+
+def test_the_gauge_the_alerts_read_goes_silent_when_the_sweeps_stop() -> None:
+    # A relay whose sweeps fail (its database gone) must not keep reporting its last figure: the
+    # alert on missing points fires instead of the age alert reading a stale value.
+    sdk = Sdk.start()
+    telemetry = sdk.telemetry()
+    now = [1000.0]
+    telemetry.clock = lambda: now[0]
+    telemetry.record_backlog(Backlog(counts={"Pending": 3}, oldest_unpublished_age_seconds=12.0))
+    assert [p.value for p in sdk.points("outbox.backlog.oldest_unpublished_age")] == [12.0]
+    now[0] += 300  # the next sweep is due, and fails
+    assert [p.value for p in sdk.points("outbox.backlog.oldest_unpublished_age")] == [12.0]
+    now[0] += 200  # past BACKLOG_FRESH_SECONDS: nothing reported any more
+    assert sdk.points("outbox.backlog.oldest_unpublished_age") == []
+    assert sdk.points("outbox.backlog.messages") == []
+    telemetry.record_backlog(Backlog(counts={"Pending": 0}, oldest_unpublished_age_seconds=None))
+    assert [p.value for p in sdk.points("outbox.backlog.oldest_unpublished_age")] == [0.0]

@@ -12,7 +12,8 @@ import pytest
 
 from outbox.core.errors import DatabaseError
 from outbox.core.models import DrainSummary
-from outbox.core.settings import QueueSettings
+from outbox.core.settings import NOTIFY_QUEUE_ALERT_USAGE, QueueSettings
+from outbox.operations.status import notify_queue_problem
 from outbox.relay.wakeups import (
     FALLBACK_POLL_SECONDS,
     NOTIFY_FAILED_POLL_SECONDS,
@@ -20,7 +21,6 @@ from outbox.relay.wakeups import (
     WakeUps,
 )
 from outbox.store.memory import MemoryStore
-from outbox.store.operations import NOTIFY_QUEUE_ALERT_USAGE, notify_queue_problem
 
 
 def over_postgres(store: MemoryStore) -> WakeUps:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from outbox.core.errors import BadRequestError
-from outbox.store.operator import key_of
+from outbox.operations.requests import key_of
 
 
 def test_an_action_names_an_endpoint_unless_its_event_type_has_only_one() -> None:

@@ -18,6 +18,8 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
     wheel = build_wheel(tmp_path)
     names = zipfile.ZipFile(wheel).namelist()
     assert "outbox/store/queries.sql" in names
+    assert "outbox/store/partitions/partitions.sql" in names
+    assert "outbox/operations/queries.sql" in names
     # The migrations travel with it, from the repository's migrations/ folder (the consumer
     # inbox's from migrations/inbox/), and host.json.
     shipped = sorted(n.removeprefix("outbox/migrations/") for n in names if "migrations/" in n)
@@ -49,8 +51,10 @@ def test_the_wheel_holds_the_package_and_its_statements_and_imports_on_its_own(
     )
     probe = (
         "import outbox, outbox.store, outbox.store.migrate as m; "
+        "import outbox.operations.sql as o, outbox.store.partitions.ddl as p; "
         "print(outbox.__file__); print(callable(outbox.enqueue)); "
-        "print('lease_batch' in outbox.store.QUERIES); print(len(m.discover())); "
+        "print('lease_batch' in outbox.store.QUERIES and 'backlog_status' in o.QUERIES "
+        "and 'partitions_of' in p.STATEMENTS); print(len(m.discover())); "
         "print(len(m.discover(m.INBOX_MIGRATIONS_DIR))); "
         "import outbox.azure.console_page as c; print('__CONSOLE' not in c.PAGE)"
     )

@@ -270,7 +270,7 @@ def test_a_generated_id_is_inserted_without_looking_for_a_conflict() -> None:
     import uuid
 
     from outbox.producer.core import prepare
-    from outbox.store import partitions
+    from outbox.store.partitions import layout
 
     _, generated = prepare("OrderCompleted", {"n": 1}, None, None, None)
     given, statement = prepare("OrderCompleted", {"n": 1}, uuid.uuid4(), None, None)
@@ -279,10 +279,10 @@ def test_a_generated_id_is_inserted_without_looking_for_a_conflict() -> None:
     assert statement.name == "insert_message"
     assert "outbox_insert_message($1, $2, $3::jsonb, $4::text, $5::jsonb)" in statement.sql
     assert "ON CONFLICT (outbox_message_id) DO NOTHING" in _migration_0019()
-    assert "ON CONFLICT (outbox_message_id) DO NOTHING" in partitions._PLAIN_INSERT
-    assert "INSERT INTO outbox_message_ids" in partitions._PARTITIONED_INSERT
-    assert "DO NOTHING;\n    IF NOT FOUND THEN" in partitions._PARTITIONED_INSERT
-    assert partitions._NO_CONFLICT not in partitions._PARTITIONED_INSERT
+    assert "ON CONFLICT (outbox_message_id) DO NOTHING" in layout.PLAIN_INSERT
+    assert "INSERT INTO outbox_message_ids" in layout.PARTITIONED_INSERT
+    assert "DO NOTHING;\n    IF NOT FOUND THEN" in layout.PARTITIONED_INSERT
+    assert layout.NO_CONFLICT not in layout.PARTITIONED_INSERT
     assert statement.args[0] == given
 
 
@@ -310,9 +310,10 @@ def _insert(sql: str) -> str:
 def test_every_insert_writes_the_same_row() -> None:
     """The producer's INSERT of a generated id, the plain table's function (migration 0019) and
     the partitioned layout's write the same columns with the same values."""
-    from outbox.store import QUERIES, partitions
+    from outbox.store import QUERIES
+    from outbox.store.partitions import layout
 
     new = _insert(QUERIES["insert_new_message"])
     assert new == _insert(_migration_0019())
-    assert new == _insert(partitions._PLAIN_INSERT)
-    assert new == _insert(partitions._PARTITIONED_INSERT)
+    assert new == _insert(layout.PLAIN_INSERT)
+    assert new == _insert(layout.PARTITIONED_INSERT)

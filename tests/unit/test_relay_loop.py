@@ -15,6 +15,7 @@ from outbox.core.settings import Settings, WebhookEndpoint
 from outbox.relay.breakers import COOL_DOWN_SECONDS, THRESHOLD
 from outbox.relay.processor import OutboxProcessor
 from outbox.store.memory import MemoryStore
+from outbox.store.postgres import PostgresStore
 
 URL = "https://receiver.example/hooks"
 
@@ -78,7 +79,7 @@ def relay(
     receiver: Receiver, clock: Clock | None = None, **overrides: Any
 ) -> tuple[OutboxProcessor, MemoryStore]:
     memory = MemoryStore(clock=clock or Clock())
-    processor = OutboxProcessor(None, receiver.deliver, settings(**overrides), relay_store=memory)
+    processor = OutboxProcessor(memory, receiver.deliver, settings(**overrides))
     return processor, memory
 
 
@@ -295,3 +296,13 @@ async def test_a_wake_up_the_store_cannot_send_is_no_error() -> None:
     memory.failing = None
     assert await memory.notify_wakeup() is True
     assert memory.wakeups_sent == 1
+
+
+def test_a_pool_given_for_the_store_is_wrapped_in_the_postgres_store() -> None:
+    # OutboxProcessor(pool, deliver, settings), as before the store contract, still works.
+    pool = object()
+    processor = OutboxProcessor(pool, Receiver().deliver, settings())
+    assert isinstance(processor._store, PostgresStore)
+    assert processor._store.pool is pool
+    memory = MemoryStore()
+    assert OutboxProcessor(memory, Receiver().deliver, settings())._store is memory

@@ -9,7 +9,11 @@ from collections.abc import Callable
 import pytest
 from opentelemetry import trace
 
+from outbox import telemetry as public
+from outbox.azure import telemetry_setup
 from outbox.core import telemetry
+from outbox.core.settings import Settings
+from outbox.relay.runtime import Relay
 from outbox.store import QUERIES
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
@@ -47,13 +51,13 @@ def test_nothing_is_captured_without_an_active_span() -> None:
 
 
 def test_the_switch_does_nothing_unless_asked_and_never_when_disabled() -> None:
-    assert telemetry.configure({}) is None
+    assert telemetry_setup.configure({}) is None
     asked_but_disabled = {
         "OTEL_SDK_DISABLED": "true",
         "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
         "APPLICATIONINSIGHTS_CONNECTION_STRING": "InstrumentationKey=0",
     }
-    assert telemetry.configure(asked_but_disabled) is None
+    assert telemetry_setup.configure(asked_but_disabled) is None
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
@@ -141,3 +145,22 @@ def test_a_good_context_is_restored_without_a_warning(caplog: pytest.LogCaptureF
         == (TRACEPARENT.split("-")[1])
     )
     assert _warnings(caplog) == []
+
+
+def test_the_documented_path_gives_the_sdk_set_up_and_the_api_side() -> None:
+    assert public.configure is telemetry_setup.configure
+    assert public.prometheus_text is telemetry_setup.prometheus_text
+    assert public.Telemetry is telemetry.Telemetry
+    assert public.capture is telemetry.capture
+
+
+async def test_opening_a_relay_sets_up_no_sdk_even_where_the_environment_asks_for_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The hosts set the SDK up before they open their relay (the Functions wiring, serve,
+    # drain); a relay an application embeds uses whatever that application set up, or nothing.
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    settings = Settings.load(database_url="postgresql://relay@127.0.0.1:9/outbox")
+    relay = await Relay.open(settings)  # the pool connects on first use: nothing is reached
+    await relay.close()
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from outbox.core.logs import log_event
-from outbox.hosting.console import ProgressFilter, message_table
+from outbox.hosting.terminal import ProgressFilter, message_table
 
 
 class Collect(logging.Handler):
@@ -60,7 +60,7 @@ def test_help_shows_the_docstring_as_laid_out_without_literal_quotes(module: str
 
 FOREIGN_RECORD = """
 import logging, sys
-from outbox.hosting import console
+from outbox.hosting import terminal as console
 getattr(console, sys.argv[1])()
 logging.getLogger("opentelemetry.trace.span").warning(
     "Member doesn't match the w3c identifiers format %s", "congo=t61\\r\\nERROR outbox: FORGED"

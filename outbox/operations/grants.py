@@ -26,7 +26,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from outbox.core.errors import MigrationError
-from outbox.store import postgres as store
+from outbox.operations import sql
+from outbox.store import connection
+from outbox.store.connection import Connection
 
 TABLE_PRIVILEGES = "SELECT, INSERT, UPDATE, DELETE"
 BOOKKEEPING = ("outbox_migrations", "outbox_inbox_migrations")
@@ -37,7 +39,7 @@ MAINTENANCE_FUNCTIONS = (
 )
 ENTRA_TYPES = ("service", "user", "group")
 
-OtherDatabase = Callable[[str], Awaitable[store.Connection]]
+OtherDatabase = Callable[[str], Awaitable[Connection]]
 
 
 @dataclass(slots=True)
@@ -56,7 +58,7 @@ class GrantReport:
 
 
 async def grant(
-    conn: store.Connection,
+    conn: Connection,
     role: str,
     *,
     other_database: OtherDatabase | None = None,
@@ -70,14 +72,11 @@ async def grant(
     the Microsoft Entra functions live in ``postgres``."""
     if entra_type not in ENTRA_TYPES:
         raise MigrationError(f"the Entra principal type must be one of {', '.join(ENTRA_TYPES)}")
-    owner = await _fetchval(
-        conn,
-        "SELECT pg_get_userbyid(relowner) FROM pg_class WHERE oid = to_regclass('outbox_messages')",
-    )
+    owner = await sql.value(conn, "outbox_owner")
     if owner is None:
         raise MigrationError("no outbox_messages table here: run python -m outbox migrate first")
     report = GrantReport(role=role)
-    if not await _fetchval(conn, "SELECT 1 FROM pg_roles WHERE rolname = $1", role):
+    if not await sql.value(conn, "role_exists", role):
         report.created = await _create_role(conn, role, other_database, entra_object_id, entra_type)
     async with conn.transaction():
         await _grant_in_schema(conn, role, report)
@@ -88,7 +87,7 @@ async def grant(
 
 
 async def _create_role(
-    conn: store.Connection,
+    conn: Connection,
     role: str,
     other_database: OtherDatabase | None,
     entra_object_id: str | None,
@@ -106,17 +105,11 @@ async def _create_role(
         return "role"
     try:
         if entra_object_id is not None:
-            await _fetchval(
-                entra,
-                "SELECT * FROM pgaadauth_create_principal_with_oid($1, $2, $3, false, false)",
-                role,
-                entra_object_id,
-                entra_type,
+            await sql.value(
+                entra, "create_entra_principal_with_oid", role, entra_object_id, entra_type
             )
         else:
-            await _fetchval(
-                entra, "SELECT * FROM pgaadauth_create_principal($1, false, false)", role
-            )
+            await sql.value(entra, "create_entra_principal", role)
     finally:
         if entra is not conn:
             await entra.close()
@@ -124,28 +117,27 @@ async def _create_role(
 
 
 async def _entra_connection(
-    conn: store.Connection, other_database: OtherDatabase | None
-) -> store.Connection | None:
+    conn: Connection, other_database: OtherDatabase | None
+) -> Connection | None:
     """A connection to a database that has the Entra functions (this one, else ``postgres``)."""
-    found = "SELECT to_regproc('pgaadauth_create_principal') IS NOT NULL"
-    if await _fetchval(conn, found):
+    if await sql.value(conn, "has_entra_functions"):
         return conn
-    if other_database is None or await _fetchval(conn, "SELECT current_database()") == "postgres":
+    if other_database is None or await sql.value(conn, "current_database") == "postgres":
         return None
-    if not await _fetchval(conn, "SELECT 1 FROM pg_roles WHERE rolname = 'azure_pg_admin'"):
+    if not await sql.value(conn, "is_azure"):
         return None  # not Azure: no need to look further
     other = await other_database("postgres")
-    if await _fetchval(other, found):
+    if await sql.value(other, "has_entra_functions"):
         return other
     await other.close()
     return None
 
 
-async def _grant_in_schema(conn: store.Connection, role: str, report: GrantReport) -> None:
+async def _grant_in_schema(conn: Connection, role: str, report: GrantReport) -> None:
     grantee = await _quoted(conn, role)
-    report.schema = await _fetchval(conn, "SELECT current_schema()")
+    report.schema = await sql.value(conn, "current_schema")
     schema = await _quoted(conn, report.schema)
-    database = await _quoted(conn, await _fetchval(conn, "SELECT current_database()"))
+    database = await _quoted(conn, await sql.value(conn, "current_database"))
     await _execute(conn, f"GRANT CONNECT ON DATABASE {database} TO {grantee}")
     await _execute(conn, f"GRANT USAGE ON SCHEMA {schema} TO {grantee}")
     for name, kind in await _outbox_relations(conn):
@@ -160,32 +152,17 @@ async def _grant_in_schema(conn: store.Connection, role: str, report: GrantRepor
             await _execute(conn, f"GRANT {TABLE_PRIVILEGES} ON {quoted} TO {grantee}")
             report.tables.append(name)
     for function in MAINTENANCE_FUNCTIONS:
-        if await _fetchval(conn, "SELECT to_regprocedure($1) IS NOT NULL", function):
+        if await sql.value(conn, "function_exists", function):
             await _execute(conn, f"GRANT EXECUTE ON FUNCTION {schema}.{function} TO {grantee}")
             report.functions.append(function.split("(", 1)[0])
 
 
-@store.database_boundary
-async def _outbox_relations(conn: store.Connection) -> list[tuple[str, str]]:
-    rows = await conn.fetch(
-        """
-        SELECT c.relname, c.relkind::text AS kind FROM pg_class AS c
-        WHERE c.relnamespace = current_schema()::regnamespace
-          AND c.relkind IN ('r', 'p', 'S') AND c.relname LIKE 'outbox\\_%'
-          AND c.relname <> ALL ($1::text[])
-          AND NOT (c.relkind = 'S' AND EXISTS (
-              SELECT 1 FROM pg_depend AS d
-              WHERE d.objid = c.oid AND d.deptype = 'i'))  -- an identity column's own
-        ORDER BY c.relname
-        """,
-        list(NOT_THE_RELAYS),
-    )
+async def _outbox_relations(conn: Connection) -> list[tuple[str, str]]:
+    rows = await sql.rows(conn, "outbox_relations", list(NOT_THE_RELAYS))
     return [(row["relname"], row["kind"]) for row in rows]
 
 
-async def _default_privileges(
-    conn: store.Connection, role: str, owner: str, schema_name: str
-) -> None:
+async def _default_privileges(conn: Connection, role: str, owner: str, schema_name: str) -> None:
     grantee = await _quoted(conn, role)
     prefix = (
         f"ALTER DEFAULT PRIVILEGES FOR ROLE {await _quoted(conn, owner)} "
@@ -196,16 +173,11 @@ async def _default_privileges(
     await _execute(conn, f"{prefix} GRANT EXECUTE ON FUNCTIONS TO {grantee}")
 
 
-async def _quoted(conn: store.Connection, name: str) -> str:
-    quoted: str = await _fetchval(conn, "SELECT quote_ident($1)", name)
+async def _quoted(conn: Connection, name: str) -> str:
+    quoted: str = await sql.value(conn, "quote_ident", name)
     return quoted
 
 
-@store.database_boundary
-async def _execute(conn: store.Connection, statement: str) -> None:
-    await conn.execute(statement)
-
-
-@store.database_boundary
-async def _fetchval(conn: store.Connection, statement: str, *args: Any) -> Any:
-    return await conn.fetchval(statement, *args)
+async def _execute(conn: Connection, statement: str) -> None:
+    """A GRANT or CREATE ROLE made of names the server quoted (``_quoted``)."""
+    await connection.execute(conn, statement)

@@ -1,4 +1,5 @@
-"""What the console's read routes and the ``list`` command are asked for, validated in one place.
+"""What the console's message list and the ``list`` command are asked for (a query string, or
+the command's flags), validated in one place.
 
 A query string's values are all text; each is checked here and a bad one is a
 ``BadRequestError`` that names the parameter (in the front end's words: ``status`` for the

@@ -1,6 +1,9 @@
-"""What the operations endpoints and commands are asked for, validated in one place.
+"""What the operations endpoints and commands are asked for, validated in one place: requeue and
+drain (``RequeueRequest``, ``DrainRequest``), the console's actions (``action_body``,
+``resend_body``) and the endpoint an action names (``key_of``). The message list's query string
+is ``list_query``'s.
 
-The HTTP functions read these models from JSON bodies and query strings, the commands from their
+The HTTP functions read these from JSON bodies and query strings, the commands from their
 flags. Strict: only JSON's own types are accepted (``"yes"`` is not a boolean, ``5`` not a time),
 and an unknown field is an error. Each front end says what is wrong in its own words: the rules
 name fields through the names it passes in (``message_ids`` for a body, ``--id`` for a command).
@@ -9,7 +12,7 @@ name fields through the names it passes in (``message_ids`` for a body, ``--id``
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated, Any, Self, TypeVar
@@ -280,3 +283,54 @@ def _names(info: ValidationInfo) -> Mapping[str, str]:
     context = info.context if isinstance(info.context, Mapping) else {}
     names: Mapping[str, str] = context.get("names", FIELD_NAMES)
     return names
+
+
+# Each event type's endpoint names, as configured (``Settings.endpoint_names``).
+Endpoints = Mapping[str, Sequence[str]]
+# The fields of the console's action bodies (pause, resume; resend).
+ACTION_FIELDS = frozenset({"event_type", "endpoint", "action_id"})
+RESEND_FIELDS = frozenset({"message_ids", "endpoint", "action_id"})
+
+
+def action_body(data: Mapping[str, Any], fields: frozenset[str] = ACTION_FIELDS) -> dict[str, Any]:
+    """A console action's body (a JSON object), with no field but ``fields`` and a usable
+    ``action_id`` if it has one."""
+    unknown = sorted(set(data) - fields)
+    if unknown:
+        raise BadRequestError(f"unknown field(s) in the body: {', '.join(unknown)}")
+    action_id = data.get("action_id")
+    if action_id is not None and (not isinstance(action_id, str) or not 0 < len(action_id) <= 100):
+        raise BadRequestError("action_id must be a string of 1 to 100 characters")
+    return dict(data)
+
+
+def resend_body(data: Mapping[str, Any]) -> tuple[list[UUID], str | None]:
+    """A resend's message ids and endpoint (None: every endpoint), from its body's fields."""
+    given = data.get("message_ids")
+    wrong = f"message_ids {MUST_BE['message_ids']}"
+    if not isinstance(given, list) or not all(isinstance(i, str) for i in given):
+        raise BadRequestError(wrong)
+    try:
+        ids = [UUID(i) for i in given]
+    except ValueError:
+        raise BadRequestError(wrong) from None
+    endpoint = data.get("endpoint")
+    if endpoint is not None and (not isinstance(endpoint, str) or not endpoint):
+        raise BadRequestError("endpoint must be an endpoint's name")
+    return ids, endpoint
+
+
+def key_of(endpoints: Endpoints, event_type: Any, endpoint: Any) -> tuple[str, str]:
+    """The (event type, endpoint) an action names, checked against the configuration."""
+    if not isinstance(event_type, str) or not event_type:
+        raise BadRequestError("event_type must be an event type")
+    configured = endpoints.get(event_type, ())
+    if endpoint is None and len(configured) == 1:
+        return event_type, configured[0]  # an event type's only endpoint needs no name
+    if not isinstance(endpoint, str) or not endpoint:
+        raise BadRequestError("endpoint must be an endpoint's name")
+    if endpoint not in endpoints.get(event_type, ()):
+        raise BadRequestError(
+            f"endpoint {endpoint!r} is not configured for event type {event_type!r}"
+        )
+    return event_type, endpoint
