@@ -67,6 +67,8 @@ class AsyncDriver(Protocol):
 
     async def returns_row(self, statement: Statement) -> bool: ...
 
+    async def rows(self, statement: Statement) -> list[tuple[Any, ...]]: ...
+
     def transaction(self) -> AbstractAsyncContextManager[object]: ...
 
 
@@ -80,6 +82,8 @@ class SyncDriver(Protocol):
     def in_transaction(self) -> bool: ...
 
     def returns_row(self, statement: Statement) -> bool: ...
+
+    def rows(self, statement: Statement) -> list[tuple[Any, ...]]: ...
 
     def transaction(self) -> AbstractContextManager[object]: ...
 
@@ -168,6 +172,9 @@ class _Asyncpg:
     async def returns_row(self, statement: Statement) -> bool:
         return await self._conn.fetchrow(statement.sql, *statement.args) is not None
 
+    async def rows(self, statement: Statement) -> list[tuple[Any, ...]]:
+        return [tuple(row) for row in await self._conn.fetch(statement.sql, *statement.args)]
+
     def transaction(self) -> AbstractAsyncContextManager[object]:
         transaction: AbstractAsyncContextManager[object] = self._conn.transaction()
         return transaction
@@ -190,6 +197,11 @@ class _AsyncPsycopg:
             await cursor.execute(pyformat(statement.sql), named_args(statement))
             return await cursor.fetchone() is not None
 
+    async def rows(self, statement: Statement) -> list[tuple[Any, ...]]:
+        async with self._conn.cursor() as cursor:
+            await cursor.execute(pyformat(statement.sql), named_args(statement))
+            return [tuple(row) for row in await cursor.fetchall()]
+
     def transaction(self) -> AbstractAsyncContextManager[object]:
         return self._conn.transaction()
 
@@ -210,6 +222,11 @@ class _SyncPsycopg:
         with self._conn.cursor() as cursor:
             cursor.execute(pyformat(statement.sql), named_args(statement))
             return cursor.fetchone() is not None
+
+    def rows(self, statement: Statement) -> list[tuple[Any, ...]]:
+        with self._conn.cursor() as cursor:
+            cursor.execute(pyformat(statement.sql), named_args(statement))
+            return [tuple(row) for row in cursor.fetchall()]
 
     def transaction(self) -> AbstractContextManager[object]:
         return self._conn.transaction()
@@ -259,6 +276,12 @@ class _AsyncSqlAlchemy:
         result = await connection.exec_driver_sql(sql, parameters)
         return result.first() is not None
 
+    async def rows(self, statement: Statement) -> list[tuple[Any, ...]]:
+        connection = await self._connection()
+        sql, parameters = for_dialect(connection.dialect, statement)
+        result = await connection.exec_driver_sql(sql, parameters)
+        return [tuple(row) for row in result.all()]
+
     def transaction(self) -> AbstractAsyncContextManager[object]:
         return self._target.begin()
 
@@ -291,6 +314,11 @@ class _SyncSqlAlchemy:
         connection = self._connection()
         sql, parameters = for_dialect(connection.dialect, statement)
         return connection.exec_driver_sql(sql, parameters).first() is not None
+
+    def rows(self, statement: Statement) -> list[tuple[Any, ...]]:
+        connection = self._connection()
+        sql, parameters = for_dialect(connection.dialect, statement)
+        return [tuple(row) for row in connection.exec_driver_sql(sql, parameters).all()]
 
     def transaction(self) -> AbstractContextManager[object]:
         return self._target.begin()

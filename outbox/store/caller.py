@@ -52,6 +52,11 @@ def wakeup_statement() -> Statement:
     return Statement("notify_wakeup", ())
 
 
+def enqueued_messages(event_type: str | None = None) -> Statement:
+    """The messages as the caller's transaction sees them, oldest first (``outbox.testing``)."""
+    return Statement("enqueued_messages", (event_type,))
+
+
 def claim_inbox(webhook_id: str) -> Statement:
     """Record a received webhook id; it returns a row the first time, none once it is recorded."""
     return Statement("claim_inbox", (webhook_id,))

@@ -44,6 +44,14 @@ VALUES ($1, $2, $3::jsonb, 'Pending', now(), $4::text,
         $5::jsonb)
 RETURNING outbox_message_id;
 
+-- enqueued_messages --
+-- The messages as the caller's transaction sees them ($1: of one event type, or NULL: all), oldest
+-- first, their payloads as the relay sends them: what outbox.testing asserts on
+SELECT outbox_message_id, event_type, payload::text, ordering_key, status, created_at
+FROM outbox_messages
+WHERE $1::text IS NULL OR event_type = $1::text
+ORDER BY created_at, outbox_message_id;
+
 -- claim_inbox --
 -- A consumer records a received webhook id ($1) inside its own transaction: returns the id the
 -- first time, nothing when it is already recorded. A concurrent claim of the same id waits for the

@@ -184,3 +184,23 @@ async def test_the_functions_receiver_answers_requests_made_by_hand(
     assert answers == [204, 204, 401]
     shipments = await consumer.fetch("SELECT order_id, webhook_id FROM shipments")
     assert [tuple(s) for s in shipments] == [(7, "msg_7")]
+
+
+def test_a_services_own_tests_use_outbox_testing_as_documented(admin_dsn: str) -> None:
+    """examples/orders_service: a service's tests with outbox.testing and the opt-in fixtures,
+    run as that project runs them (pytest in its folder, its own settings)."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT / "examples" / "orders_service",
+        env={**os.environ, "OUTBOX_TEST_ADMIN_DSN": admin_dsn},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "7 passed" in done.stdout

@@ -39,6 +39,8 @@ TOP_LEVEL = {
     "outbox.local",
     "outbox.demo_receiver",
     "outbox.entra",
+    "outbox.testing",
+    "outbox.pytest_plugin",
 }
 
 
