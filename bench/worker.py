@@ -271,7 +271,7 @@ async def run_floor(args: argparse.Namespace) -> dict[str, Any]:
     telemetry: a lower bound under the relay process's own CPU and time."""
     settings = relay_settings(args.database_url, args.url, args.concurrency)
     pool = await create_pool(settings)
-    leaser = PostgresStore(pool)
+    relay_store = PostgresStore(pool)
     signer = Signer([decode_secret(SECRET)])
     [endpoint] = settings.endpoints[EVENT_TYPE]
     name = endpoint.name or EVENT_TYPE
@@ -297,7 +297,7 @@ async def run_floor(args: argparse.Namespace) -> dict[str, Any]:
         async def record(batch: list[LeasedMessage], sent: list[store.SentAttempt]) -> None:
             order = {m.message_id: i for i, m in enumerate(batch)}
             sent.sort(key=lambda a: order[a.outbox_message_id])
-            await leaser.record_delivered(batch, sent)
+            await relay_store.record_delivered(batch, sent)
 
         async def sender() -> None:
             while (item := await waiting.get()) is not None:
@@ -309,7 +309,7 @@ async def run_floor(args: argparse.Namespace) -> dict[str, Any]:
         async def leaser() -> int:
             leased = 0
             while batch := (
-                await leaser.lease_batch(args.batch_size, settings.lease_seconds)
+                await relay_store.lease_batch(args.batch_size, settings.lease_seconds)
             ).messages:
                 sent: list[store.SentAttempt] = []
                 for message in batch:
