@@ -4,7 +4,9 @@ The relay keeps the earliest time it wants a run (a backoff, a ``Retry-After``, 
 reopen, messages given back: ``WakeUps``). ``Drainer`` arms a timer for it and drains then,
 whether or not a queue is configured or reachable; with ``OUTBOX_WAKEUP=postgres`` it also
 drains at each ``NOTIFY`` that ``PostgresListener`` hears. One drain at a time: whatever wakes
-it during a drain makes one more drain after it, never one each (no drain storm).
+it during a drain makes one more drain after it, never one each (no drain storm); and a NOTIFY
+heard during a drain tells that drain at once (``OutboxProcessor.more_due``), which leases what
+was committed rather than wait for its deliveries in flight to be answered first.
 
 ``PostgresListener`` keeps a connection of its own LISTENing. When the database goes away it
 connects again (every second at first, then less often, at most every ``RECONNECT_MAX_SECONDS``)
@@ -24,6 +26,7 @@ from outbox.azure.host import functions_host
 from outbox.core.errors import DatabaseError, describe
 from outbox.core.logs import Throttled
 from outbox.core.redact import Redactor
+from outbox.relay.processor import OutboxProcessor
 from outbox.store.connection import Connection, ping
 from outbox.store.notify import listen_for_wakeups
 
@@ -56,13 +59,18 @@ class Drainer:
         self._redact = redact or Redactor([])
         self._woken = asyncio.Event()
         self.drains = 0
+        self._processor: OutboxProcessor | None = None
 
     def wake(self) -> None:
-        """Drain as soon as the drain under way (if any) ends."""
+        """Drain as soon as the drain under way (if any) ends; that drain leases what came now."""
         self._woken.set()
+        if self._processor is not None:
+            self._processor.more_due()
 
     async def run(self, stopping: asyncio.Event) -> None:
-        wakeups = (await functions_host.relay()).wakeups
+        relay = await functions_host.relay()
+        self._processor = relay.processor
+        wakeups = relay.wakeups
         while not stopping.is_set():
             wakeups.changed.clear()
             due_in = wakeups.due_in(time.monotonic())

@@ -156,10 +156,28 @@ async def finish(tasks: set[asyncio.Task[None]], redact: Redactor) -> None:
         snapshot = list(tasks)
         results = await asyncio.gather(*snapshot, return_exceptions=True)
         for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
-                text = redact(describe(result))
-                logger.error("outbox batch failed: %s", text)
+            _failed(result, redact)
         tasks.difference_update(snapshot)
+
+
+async def finish_unless(
+    tasks: set[asyncio.Task[None]], redact: Redactor, woken: asyncio.Future[None]
+) -> bool:
+    """``finish``, unless ``woken`` is done first: whether every task in ``tasks`` finished.
+    Those still running when ``woken`` is done run on (nothing is cancelled here)."""
+    while tasks and not woken.done():
+        waits: set[asyncio.Future[None]] = {*tasks, woken}
+        done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in done - {woken}:
+            tasks.discard(task)
+            _failed(None if task.cancelled() else task.exception(), redact)
+    return not tasks
+
+
+def _failed(result: object, redact: Redactor) -> None:
+    """Log a batch task's error (redacted), if ``result`` is one."""
+    if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+        logger.error("outbox batch failed: %s", redact(describe(result)))
 
 
 def _waits(message: LeasedMessage, endpoint: str) -> bool:

@@ -134,7 +134,8 @@ class EndpointSlots:
     def __init__(self, slots: int, caps: dict[Key, int | None]) -> None:
         self._slots = slots
         self._caps = caps
-        self._limits = {key: AdaptiveLimit(min(cap or slots, slots)) for key, cap in caps.items()}
+        # Each endpoint's adaptive limit (``relay.limits``), resumed and kept by ``limit_store``.
+        self.limits = {key: AdaptiveLimit(min(cap or slots, slots)) for key, cap in caps.items()}
         # Below this, every endpoint has room (the share were every endpoint contending).
         self._least = math.ceil(slots / max(len(caps), 1))
         self._in_flight: dict[Key, int] = {}
@@ -146,7 +147,7 @@ class EndpointSlots:
 
     def has_room(self, key: Key) -> bool:
         in_flight = self._in_flight.get(key, 0)
-        limit = self._limits.get(key)
+        limit = self.limits.get(key)
         if limit is not None and not limit.allows(in_flight):
             return False
         return in_flight < self._least or in_flight < self._share(key)
@@ -221,15 +222,15 @@ class EndpointSlots:
 
     def answered(self, key: Key, result: DeliveryResult, seconds: float, now: float) -> None:
         """A request to ``key`` came back: its limit follows the answer (``relay.limits``)."""
-        limit = self._limits.get(key)
+        limit = self.limits.get(key)
         if limit is None:
             return
         before = limit.limit
-        limit.answered(result, seconds, now)
+        limit.answered(result, seconds, now, self._in_flight.get(key))
         if math.ceil(limit.limit) > math.ceil(before):  # room for one more: a loop may take it
             for dispatch in self.listeners:
                 dispatch.wake()
 
     def limit(self, key: Key) -> float:
         """``key``'s limit of requests in flight now."""
-        return self._limits[key].limit
+        return self.limits[key].limit

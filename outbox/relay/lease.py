@@ -3,8 +3,12 @@
 Each lease takes at most what the process's delivery slots can start in time (``admission``),
 and while deliveries wait for endpoints at their share of the slots, it reads past those
 endpoints' messages (``look_past``) so that others' due messages are not left behind them. The
-next batches are leased while the current ones are delivered: enough to keep the slots busy
-while each batch waits for its slowest request (``batches_in_flight``).
+next batches are leased while the current ones are delivered: enough messages to keep the slots
+busy while each batch waits for its slowest request (``messages_in_flight``), counted in
+messages, not batches, as a moderate rate leases a few at a time.
+After a lease that came back short (caught up), the run waits for its batches in flight, unless a
+wake-up hint comes first (``more_due``: a producer committed): it then leases at once, so that a
+message committed meanwhile waits neither for the receiver's slowest answer nor for another run.
 Each leased batch is handed to ``start`` (plan → dispatch → deliver → record: the processor).
 
 Fast paths (docs/performance.md):
@@ -30,7 +34,7 @@ from outbox.core.outcomes import as_tried
 from outbox.core.redact import Redactor
 from outbox.core.settings import LEASE_SAFETY_SECONDS, Settings, WebhookEndpoint
 from outbox.relay.admission import Admission
-from outbox.relay.batch import Batch, Run, Targets, endpoint_names, finish
+from outbox.relay.batch import Batch, Run, Targets, endpoint_names, finish_unless
 from outbox.relay.breakers import BreakerBook
 from outbox.relay.dispatch import EndpointSlots
 from outbox.relay.stopping import StopSignal
@@ -38,7 +42,8 @@ from outbox.store.contract import Lease, RelayStore
 
 logger = logging.getLogger("outbox.processor")
 
-# Batches being delivered at once, at least: one leased ahead of the one being delivered.
+# Batches' worth of messages being delivered at once, at least: one leased ahead of the one
+# being delivered.
 MIN_BATCHES_IN_FLIGHT = 2
 # Messages being delivered at once, per delivery slot: a batch waits for its slowest request,
 # so its last requests leave slots free that only the next batches can fill. Four, not two:
@@ -55,12 +60,39 @@ def max_waiting(settings: Settings) -> int:
     return WAITING_PER_SLOT * max(settings.concurrency, settings.batch_size)
 
 
-def batches_in_flight(concurrency: int, batch_size: int) -> int:
-    """Batches a run delivers at once: enough for ``concurrency`` slots (``docs/performance.md``
-    § "Latency-bound delivery"). Twice as many may be open (delivering or writing their
-    outcomes: a slow commit does not leave the HTTP slots idle); this bounds them."""
-    wanted = -(-MESSAGES_IN_FLIGHT_PER_SLOT * concurrency // batch_size)
-    return max(MIN_BATCHES_IN_FLIGHT, wanted)
+def messages_in_flight(concurrency: int, batch_size: int) -> int:
+    """Messages a run delivers at once: enough for ``concurrency`` slots (``docs/performance.md``
+    § "Latency-bound delivery"). Counted in messages, not batches: at a moderate rate each lease
+    takes a few, and as many batches as a full one's worth would leave the slots idle. Twice as
+    many may be open (delivering or writing their outcomes: a slow commit does not leave the HTTP
+    slots idle); this bounds them."""
+    return max(MIN_BATCHES_IN_FLIGHT * batch_size, MESSAGES_IN_FLIGHT_PER_SLOT * concurrency)
+
+
+class InFlight:
+    """A run's leased messages: those whose batch is still delivering, and those whose batch is
+    open (not yet recorded); with the futures to wait on for each to go down."""
+
+    def __init__(self) -> None:
+        self.delivering = 0
+        self.open = 0
+        self.deliveries: set[asyncio.Future[None]] = set()  # batches still delivering
+
+    def add(self, batch: Batch, recorded: asyncio.Task[None]) -> None:
+        count = len(batch.messages)
+        self.open += count
+        recorded.add_done_callback(lambda _: self._closed(count))
+        if batch.remaining:
+            self.delivering += count
+            self.deliveries.add(batch.delivered)
+            batch.delivered.add_done_callback(lambda done: self._delivered(done, count))
+
+    def _closed(self, count: int) -> None:
+        self.open -= count
+
+    def _delivered(self, done: asyncio.Future[None], count: int) -> None:
+        self.delivering -= count
+        self.deliveries.discard(done)
 
 
 class Leaser:
@@ -91,40 +123,61 @@ class Leaser:
         self._clock = clock
         self._stop = stop
         self._redact = redact
-        self._in_flight = batches_in_flight(settings.concurrency, settings.batch_size)
+        self._in_flight = messages_in_flight(settings.concurrency, settings.batch_size)
         self._open = 2 * self._in_flight
+        # Runs' futures resolved by the next wake-up hint (``more_due``).
+        self._hints: set[asyncio.Future[None]] = set()
+
+    def more_due(self) -> None:
+        """A wake-up hint came (a producer committed): a run waiting for its batches in flight
+        after a short lease leases again now."""
+        for hint in self._hints:
+            if not hint.done():
+                hint.set_result(None)
+        self._hints.clear()
 
     async def drain(
-        self, run: Run, batches: set[asyncio.Task[None]], start: Callable[[Batch], None]
+        self,
+        run: Run,
+        batches: set[asyncio.Task[None]],
+        start: Callable[[Batch], asyncio.Task[None]],
     ) -> None:
         """Lease until the run ends; each leased batch goes to ``start``, which adds the task
-        that records it to ``batches``."""
-        # Batches whose deliveries are still running; each is resolved before its outcome write.
-        delivering: set[asyncio.Future[None]] = set()
+        that records it to ``batches`` and returns it."""
+        leased = InFlight()
         loop = asyncio.get_running_loop()
-        while not self.ends(run):
-            skip, size = self._look_past(run, batches)
-            if not skip and not (size := await self._lease_size(run, delivering, batches)):
-                continue  # it waited for room: everything above may have changed
-            lease_deadline = time.monotonic() + self._settings.lease_seconds
-            lease = await self._lease(size, skip)
-            if lease.messages:
-                messages = await self._as_tried(lease.messages)
-                batch = Batch(messages, lease_deadline, run, loop.create_future())
-                start(batch)
-                if batch.remaining:
-                    delivering.add(batch.delivered)
-                    batch.delivered.add_done_callback(delivering.discard)
-            if skip:
-                continue  # it read past some endpoints' messages: it cannot tell if all is done
-            if lease.taken < size:
+        hint = loop.create_future()
+        try:
+            while not self.ends(run):
+                skip, size = self._look_past(run, leased)
+                if not skip and not (size := await self._lease_size(run, leased, batches)):
+                    continue  # it waited for room: everything above may have changed
+                if hint.done():  # a hint before this lease: the lease reads what it stood for
+                    hint = loop.create_future()
+                self._hints.add(hint)
+                lease_deadline = time.monotonic() + self._settings.lease_seconds
+                lease = await self._lease(size, skip)
+                if lease.messages:
+                    messages = await self._as_tried(lease.messages)
+                    batch = Batch(messages, lease_deadline, run, loop.create_future())
+                    leased.add(batch, start(batch))
+                if skip or lease.taken >= size:
+                    continue  # more may be due: a full lease, or one that read past some
                 if not lease.taken and not batches:
                     return
-                # Caught up: let the in-flight batches finish (their retries may come due),
-                # then the run's rule says whether to lease once more.
-                await finish(batches, self._redact)
-                if run.rule.caught_up():
+                if await self._caught_up(run, batches, hint):
                     return
+        finally:
+            self._hints.discard(hint)
+
+    async def _caught_up(
+        self, run: Run, batches: set[asyncio.Task[None]], hint: asyncio.Future[None]
+    ) -> bool:
+        """After a short lease: let the in-flight batches finish (their retries may come due),
+        then the run's rule says whether the run ends; a wake-up ``hint`` first: lease again."""
+        if not await finish_unless(batches, self._redact, hint):
+            return False
+        return run.rule.caught_up()
 
     def ends(self, run: Run) -> bool:
         """Whether the run leases no more: an outcome write failed for good (leasing more would
@@ -141,12 +194,12 @@ class Leaser:
         return False
 
     async def _lease_size(
-        self, run: Run, delivering: set[asyncio.Future[None]], batches: set[asyncio.Task[None]]
+        self, run: Run, leased: InFlight, batches: set[asyncio.Task[None]]
     ) -> int:
         """How many messages the run leases now; 0 after it waited while it, or the whole
         process, had as much leased as can be delivered soon."""
-        if len(delivering) >= self._in_flight or len(batches) >= self._open:
-            busy = delivering if len(delivering) >= self._in_flight else batches
+        if leased.delivering >= self._in_flight or leased.open >= self._open:
+            busy = leased.deliveries if leased.delivering >= self._in_flight else batches
             await asyncio.wait(busy, return_when=asyncio.FIRST_COMPLETED)
             return 0
         window = self._start_window(run, time.monotonic())
@@ -155,12 +208,12 @@ class Leaser:
             await self._admission.wait(run.deadline)
         return size
 
-    def _look_past(self, run: Run, batches: set[asyncio.Task[None]]) -> tuple[list[str], int]:
+    def _look_past(self, run: Run, leased: InFlight) -> tuple[list[str], int]:
         """The event types to lease past, and how many messages to lease, when deliveries wait
         for endpoints that are at their share while others may have due messages not leased
         yet: their next lease reads past the waiting endpoints' messages; else ``([], 0)``."""
         slots = self._endpoint_slots
-        blocked = slots.blocked() if len(batches) < self._open else ()
+        blocked = slots.blocked() if leased.open < self._open else ()
         if not blocked:
             return [], 0
         skip = [

@@ -13,10 +13,19 @@ congestion window follows a path (additive increase, multiplicative decrease):
   noise, stops the growth for a while, never for ever;
 - an overload (429, 502, 503, 504, a timeout or a connection error) halves it, at most once per
   round trip (the answers to requests sent before the halving say nothing new), never below 1;
+  halves what was in flight, if that was less (TCP halves its flight size, not its window: a
+  limit that grew while the relay sent fewer was never accepted);
 - any other answer (500, …) leaves it as it is.
 
 A receiver that answers slowly thus gets many requests at once while it keeps answering at the
 same pace, and one that pushes back gets fewer, each endpoint for itself.
+
+A process need not start from ``INITIAL_LIMIT``: where relays before it learned the endpoint's
+limit, it ``resume``s from what they learned (``relay.learned`` decides where; ``relay.limit_store``
+reads and keeps it). Each limit keeps what that needs: where its last overload left it
+(``settled``), when (``pushed_back_at``), how many answers it followed (``answers``), and the most
+requests in flight it saw served (``peak``: a limit grows with each answer, also while fewer are
+sent, so the limit alone is not what the endpoint accepted).
 
 Fast path: one ``answered`` call per request, a few float operations; no allocation.
 """
@@ -42,7 +51,18 @@ OVERLOAD_STATUSES = frozenset({429, 502, 503, 504})
 class AdaptiveLimit:
     """One endpoint's limit of requests in flight (``limit``, at least 1, at most ``ceiling``)."""
 
-    __slots__ = ("_best", "_calm_until", "_latency", "_threshold", "ceiling", "limit")
+    __slots__ = (
+        "_best",
+        "_calm_until",
+        "_latency",
+        "_threshold",
+        "answers",
+        "ceiling",
+        "limit",
+        "peak",
+        "pushed_back_at",
+        "settled",
+    )
 
     def __init__(self, ceiling: int) -> None:
         self.ceiling = ceiling
@@ -51,23 +71,42 @@ class AdaptiveLimit:
         self._latency: float | None = None  # smoothed, seconds
         self._best: float | None = None  # the baseline: the lowest smoothed latency, drifting
         self._calm_until = 0.0  # monotonic: overloads before this are the same overload
+        self.answers = 0  # answers it followed (served or overloaded)
+        # The most requests in flight at an answer served, since ``limit_store`` last kept it
+        # (and reset it): what the endpoint accepted, where the limit may have grown unused.
+        self.peak = 0.0
+        self.settled: float | None = None  # what the last overload left of the limit
+        self.pushed_back_at: float | None = None  # monotonic: when that overload came
+
+    def resume(self, limit: float, *, pushed_back: bool) -> None:
+        """Start from ``limit``, learned before this process (within 1 and the ceiling) instead of
+        ``INITIAL_LIMIT``; ``pushed_back``: the endpoint pushed back lately, so the limit grows by
+        one per round trip from there, never doubling toward what it refused."""
+        self.limit = max(1.0, min(float(self.ceiling), limit))
+        if pushed_back:
+            self._threshold = self.limit
 
     def allows(self, in_flight: int) -> bool:
         """Whether one more request may start with ``in_flight`` already sent."""
         return in_flight < self.limit
 
-    def answered(self, result: DeliveryResult, seconds: float, now: float) -> None:
+    def answered(
+        self, result: DeliveryResult, seconds: float, now: float, in_flight: int | None = None
+    ) -> None:
         """A request sent to the endpoint came back with ``result`` after ``seconds``, at
-        ``now`` (monotonic)."""
+        ``now`` (monotonic), with ``in_flight`` requests to it in flight (itself included;
+        None: as many as the limit)."""
         if isinstance(result, Response):
             if result.status in OVERLOAD_STATUSES:
-                self._overloaded(seconds, now)
+                self._overloaded(seconds, now, in_flight)
             elif result.status < 500:
                 self._served(seconds)
+                self.peak = max(self.peak, self.limit if in_flight is None else in_flight)
         elif isinstance(result, TransportError):
-            self._overloaded(seconds, now)
+            self._overloaded(seconds, now, in_flight)
 
     def _served(self, seconds: float) -> None:
+        self.answers += 1
         latency = self._latency
         latency = seconds if latency is None else latency + LATENCY_WEIGHT * (seconds - latency)
         self._latency = latency
@@ -82,9 +121,12 @@ class AdaptiveLimit:
         step = 1.0 if self.limit < self._threshold else 1.0 / self.limit
         self.limit = min(float(self.ceiling), self.limit + step)
 
-    def _overloaded(self, seconds: float, now: float) -> None:
+    def _overloaded(self, seconds: float, now: float, in_flight: int | None) -> None:
+        self.answers += 1
         if now < self._calm_until:
             return
-        self.limit = max(1.0, self.limit * DECREASE)
+        sent = self.limit if in_flight is None else min(self.limit, float(in_flight))
+        self.limit = max(1.0, sent * DECREASE)
         self._threshold = self.limit
         self._calm_until = now + max(self._latency or 0.0, seconds)
+        self.settled, self.pushed_back_at = self.limit, now

@@ -13,7 +13,9 @@ outcomes are written in one statement, fenced by the lease token, and shielded f
 ``relay.lease`` (the run's loop) → ``relay.batch`` (plan) → ``relay.dispatch`` (the queues and
 each endpoint's room) → ``relay.delivery`` (one attempt, the breaker and admission) →
 ``relay.classify`` (outcomes) → ``relay.record`` (the outcome write). docs/internals.md, "How a
-message flows". Each part's performance special cases are noted at the top of the part.
+message flows". Each part's performance special cases are noted at the top of the part. Beside
+them ``relay.limit_store`` starts each endpoint's limit where the processes before this one left
+it (before the first lease) and keeps what it learns (after a batch, at most every few seconds).
 
 Fast path (docs/performance.md § "The relay's own CPU", its table of changes): a recorded batch
 lets its deliveries go at once (``_run_batch``), not at a garbage collection ("a recorded batch
@@ -40,6 +42,7 @@ from outbox.relay.classify import Classifier
 from outbox.relay.delivery import Deliver, Deliverer
 from outbox.relay.dispatch import Dispatch, EndpointSlots
 from outbox.relay.lease import Leaser, max_waiting
+from outbox.relay.limit_store import LimitKeeper
 from outbox.relay.record import Recorder, report_error, shielded
 from outbox.relay.stopping import StopSignal, stop_rule
 from outbox.store.connection import Connection
@@ -78,6 +81,8 @@ class OutboxProcessor:
         self._targets = targets_of(self._endpoints, settings.http_timeout_seconds)
         caps = {t.key: t.endpoint.max_concurrency for ts in self._targets.values() for t in ts}
         self._endpoint_slots = EndpointSlots(settings.concurrency, caps)
+        # Each endpoint's limit starts where the relays before this one learned it, and is kept.
+        self._limits = LimitKeeper(relay_store, self._endpoint_slots.limits)
         # Spans and metrics: the API's no-ops unless an OpenTelemetry SDK is configured.
         self._telemetry = telemetry or process_telemetry()
         admission = Admission(settings.concurrency, max_waiting(settings))
@@ -120,6 +125,17 @@ class OutboxProcessor:
     def stop(self) -> None:
         """Make running drains finish what is in flight, release the rest, and return."""
         self._stop.requested = True
+
+    def more_due(self) -> None:
+        """A wake-up hint came (``OUTBOX_WAKEUP=postgres``: a NOTIFY): a run waiting for its
+        deliveries in flight after it caught up leases what was committed now, rather than once
+        the receiver has answered them all."""
+        self._leaser.more_due()
+
+    async def close(self) -> None:
+        """The process is done with this processor: what its endpoints' limits learned since the
+        last write is kept (``relay.limit_store``)."""
+        await self._limits.save(closing=True)
 
     async def execute(
         self,
@@ -164,12 +180,13 @@ class OutboxProcessor:
             if len(loops) < self._settings.concurrency:
                 loops.append(asyncio.create_task(delivery.loop(work)))
 
-        def start(batch: Batch) -> None:
-            self._start(batch, work, batches, spawn)
+        def start(batch: Batch) -> asyncio.Task[None]:
+            return self._start(batch, work, batches, spawn)
 
         # A pause must stop what this run leased too, not only the next lease's messages.
         pauses = asyncio.create_task(self._breakers.watch_pauses())
         try:
+            await self._limits.start()
             if run.rule.sweeps:
                 await self._store.release_held(hold_on_failure=self._hold)
             await self._leaser.drain(run, batches, start)
@@ -199,9 +216,9 @@ class OutboxProcessor:
         work: Dispatch,
         batches: set[asyncio.Task[None]],
         spawn: Callable[[], None],
-    ) -> None:
-        """Plan a leased batch's deliveries and hand them to the delivery loops; a task records
-        its outcomes once they are done."""
+    ) -> asyncio.Task[None]:
+        """Plan a leased batch's deliveries and hand them to the delivery loops; a task (returned)
+        records its outcomes once they are done."""
         batch.run.summary.leased += len(batch.messages)
         batch.run.summary.batches += 1
         plan(batch, self._targets)
@@ -213,6 +230,7 @@ class OutboxProcessor:
         task = asyncio.create_task(self._run_batch(batch))
         batches.add(task)
         task.add_done_callback(batches.discard)
+        return task
 
     async def _run_batch(self, batch: Batch) -> None:
         try:
@@ -226,6 +244,7 @@ class OutboxProcessor:
             self._delivery.close(batch)
             try:
                 await shielded(self._recorder.record(batch))
+                await self._limits.save()  # at most every few seconds
             finally:
                 # Its deliveries point back at it: let them all go now, with the last reference,
                 # rather than wait for a garbage collection (batches would pile up meanwhile).

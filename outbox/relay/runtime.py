@@ -91,6 +91,7 @@ class Relay(Closeable):
         return cls(settings, pool, publisher, clock, telemetry)
 
     async def close(self) -> None:
+        await self.processor.close()
         await self.wakeups.close()
         await self.publisher.close()
         await self.pool.close()

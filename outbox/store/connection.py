@@ -148,8 +148,9 @@ async def ensure_database(admin_url: str, name: str) -> None:
 @asynccontextmanager
 async def acquired(conn: Connection) -> AsyncIterator[Connection]:
     """A connection of the pool ``conn`` (or ``conn`` itself, a connection); a database that
-    cannot be reached is a ``DatabaseError`` here too."""
-    if isinstance(conn, asyncpg.Pool):
+    cannot be reached is a ``DatabaseError`` here too. A pool is anything that ``acquire``s (a
+    wrapper around one too: the tests count statements so)."""
+    if isinstance(conn, asyncpg.Pool) or callable(getattr(conn, "acquire", None)):
         connection = await _acquire(conn)
         try:
             yield connection

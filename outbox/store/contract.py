@@ -14,7 +14,7 @@ failures are raised as ``outbox.core.errors.DatabaseError``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple, Protocol, runtime_checkable
 from uuid import UUID
 
@@ -70,6 +70,34 @@ class SentAttempt(NamedTuple):
     started_epoch: float
     duration_ms: int
     http_status: int
+
+
+class LearnedLimit(NamedTuple):
+    """What another relay keeps of an endpoint's limit of requests in flight
+    (``outbox_endpoint_limits``: one row per endpoint and relay process)."""
+
+    event_type: str
+    endpoint: str
+    concurrency: float  # its limit (not yet ``learned``: what it started from)
+    settled: float | None  # what its last push-back left of it
+    age: float  # seconds since it was written, by the database's clock
+    pushed_back_ago: float | None  # seconds since that push-back
+    learned: bool  # False: written as the relay started, before any answer
+
+
+class OwnLimit(NamedTuple):
+    """This relay's limit of an endpoint, to keep (``RelayStore.save_limits``)."""
+
+    event_type: str
+    endpoint: str
+    concurrency: float
+    settled: float | None
+    pushed_back_ago: float | None  # seconds before the write
+    learned: bool
+
+
+# Given what the other relays keep of the endpoints, what this relay starts from (and keeps).
+StartFrom = Callable[[Sequence[LearnedLimit]], Sequence[OwnLimit]]
 
 
 @runtime_checkable
@@ -151,4 +179,18 @@ class RelayStore(Protocol):
 
     def paused_keys(self) -> Awaitable[frozenset[Key]]:
         """The endpoints an operator paused, read now (a run asks while it delivers)."""
+        ...
+
+    def start_limits(
+        self, relay: UUID, keys: Sequence[Key], start: StartFrom, *, live_seconds: float
+    ) -> Awaitable[Sequence[OwnLimit]]:
+        """What the other relays keep of ``keys``' limits, handed to ``start``, whose answer is
+        kept as relay ``relay``'s and returned; one relay at a time (another that starts
+        meanwhile reads this one's). Rows no relay will read are forgotten first: those written
+        more than ``live_seconds`` ago but their endpoint's latest learned one, and any older
+        than a week."""
+        ...
+
+    def save_limits(self, relay: UUID, limits: Sequence[OwnLimit]) -> Awaitable[None]:
+        """Keep relay ``relay``'s ``limits`` (its row of each endpoint, written over)."""
         ...

@@ -37,7 +37,17 @@ from outbox.core.errors import DatabaseError
 from outbox.core.models import LeasedMessage, Recorded, Status
 from outbox.core.outcomes import attempt_facts
 from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES
-from outbox.store.contract import BreakerSeen, Key, Lease, RelayStore, SentAttempt, Written
+from outbox.store.contract import (
+    BreakerSeen,
+    Key,
+    LearnedLimit,
+    Lease,
+    OwnLimit,
+    RelayStore,
+    SentAttempt,
+    StartFrom,
+    Written,
+)
 
 PENDING, PROCESSING = Status.PENDING.value, Status.PROCESSING.value
 PROCESSED, FAILED = Status.PROCESSED.value, Status.FAILED.value
@@ -88,6 +98,21 @@ class Endpoint:
     probe_until: float | None = None
 
 
+@dataclass
+class LimitRow:
+    """One row of ``outbox_endpoint_limits``: a relay's limit of an endpoint."""
+
+    concurrency: float
+    settled: float | None
+    pushed_back_at: float | None
+    learned: bool
+    updated_at: float
+
+
+# A row of any relay is forgotten after a week (``forget_limits``).
+LIMIT_ROWS_KEPT_SECONDS = 7 * 24 * 3600.0
+
+
 @dataclass(eq=False)
 class MemoryStore:
     """The relay's store in memory; ``add`` puts a message in, the fields are there to read."""
@@ -104,6 +129,8 @@ class MemoryStore:
     wakeups_sent: int = 0
     # Endpoints an operator paused (outbox_paused_endpoints).
     paused: set[Key] = field(default_factory=set)
+    # Each relay's learned limit of each endpoint (outbox_endpoint_limits), by (key, relay).
+    limits: dict[tuple[Key, UUID], LimitRow] = field(default_factory=dict)
     _seq: int = field(default=0, init=False, repr=False)  # the ordering sequence
 
     def add(
@@ -435,6 +462,51 @@ class MemoryStore:
             return False
         endpoint.probe_until = now + seconds
         return True
+
+    # The learned limits.
+
+    async def start_limits(
+        self, relay: UUID, keys: Sequence[Key], start: StartFrom, *, live_seconds: float
+    ) -> Sequence[OwnLimit]:
+        now = self._call("start_limits")
+        self._forget_limits(now, live_seconds)
+        wanted = set(keys)
+        rows = [
+            LearnedLimit(
+                *key,
+                row.concurrency,
+                row.settled,
+                now - row.updated_at,
+                None if row.pushed_back_at is None else now - row.pushed_back_at,
+                row.learned,
+            )
+            for (key, other), row in self.limits.items()
+            if key in wanted and other != relay
+        ]
+        kept = start(rows)
+        self._keep_limits(relay, kept, now)
+        return kept
+
+    async def save_limits(self, relay: UUID, limits: Sequence[OwnLimit]) -> None:
+        self._keep_limits(relay, limits, self._call("save_limits"))
+
+    def _keep_limits(self, relay: UUID, limits: Sequence[OwnLimit], now: float) -> None:
+        for own in limits:
+            pushed = None if own.pushed_back_ago is None else now - own.pushed_back_ago
+            self.limits[((own.event_type, own.endpoint), relay)] = LimitRow(
+                own.concurrency, own.settled, pushed, own.learned, now
+            )
+
+    def _forget_limits(self, now: float, live_seconds: float) -> None:
+        latest: dict[Key, float] = {}
+        for (key, _), row in self.limits.items():
+            if row.learned:
+                latest[key] = max(latest.get(key, -math.inf), row.updated_at)
+        for (key, relay), row in list(self.limits.items()):
+            age = now - row.updated_at
+            kept = row.learned and row.updated_at >= latest[key]
+            if age > live_seconds and (age > LIMIT_ROWS_KEPT_SECONDS or not kept):
+                del self.limits[(key, relay)]
 
 
 def _apply(row: Row, record: Recorded, now: float) -> None:

@@ -28,8 +28,17 @@ import asyncpg
 
 from outbox.core.models import LeasedMessage, Recorded
 from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES
-from outbox.store.connection import TRANSIENT_ERRORS, Connection, database_boundary
-from outbox.store.contract import BreakerSeen, Key, Lease, SentAttempt, Written
+from outbox.store.connection import TRANSIENT_ERRORS, Connection, database_boundary, transaction
+from outbox.store.contract import (
+    BreakerSeen,
+    Key,
+    LearnedLimit,
+    Lease,
+    OwnLimit,
+    SentAttempt,
+    StartFrom,
+    Written,
+)
 from outbox.store.outcome_rows import (
     AttemptRow,
     attempt_row,
@@ -298,3 +307,32 @@ class PostgresStore:
         """The endpoints paused by an operator, as (event type, name)."""
         rows = await self.pool.fetch(QUERIES["paused_endpoint_keys"])
         return frozenset((row["event_type"], row["endpoint"]) for row in rows)
+
+    @database_boundary
+    async def start_limits(
+        self, relay: UUID, keys: Sequence[Key], start: StartFrom, *, live_seconds: float
+    ) -> Sequence[OwnLimit]:
+        """What the other relays keep of ``keys``' limits, handed to ``start``; what it answers is
+        kept as ``relay``'s, in one transaction under an advisory lock (``lock_limits``): a relay
+        starting meanwhile waits for it, then reads what this one starts from."""
+        async with transaction(self.pool) as conn:
+            await conn.execute(QUERIES["lock_limits"])
+            await conn.execute(QUERIES["forget_limits"], live_seconds)
+            rows = await conn.fetch(
+                QUERIES["learned_limits"], [k[0] for k in keys], [k[1] for k in keys], relay
+            )
+            kept = start([LearnedLimit(*row) for row in rows])
+            if kept:
+                await conn.execute(QUERIES["save_limits"], relay, *_limit_columns(kept))
+        return kept
+
+    @database_boundary
+    async def save_limits(self, relay: UUID, limits: Sequence[OwnLimit]) -> None:
+        """Keep ``relay``'s ``limits``: its row of each endpoint, written over."""
+        if limits:
+            await self.pool.execute(QUERIES["save_limits"], relay, *_limit_columns(limits))
+
+
+def _limit_columns(limits: Sequence[OwnLimit]) -> list[list[object]]:
+    """``limits`` as one array per column, in ``save_limits``' order."""
+    return [list(column) for column in zip(*limits, strict=True)]

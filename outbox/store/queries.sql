@@ -822,3 +822,48 @@ RETURNING true AS claimed;
 -- paused_endpoint_keys --
 -- The endpoints paused by hand, as a run reads them while it delivers (about once a second)
 SELECT event_type, endpoint FROM outbox_paused_endpoints;
+
+-- lock_limits --
+-- One relay at a time starts from the endpoints' learned limits (migration 0023): held until the
+-- transaction ends, so that a relay starting meanwhile reads what this one starts from.
+SELECT pg_advisory_xact_lock(hashtextextended('outbox_endpoint_limits', 0));
+
+-- forget_limits --
+-- Forget the limits no relay will read: rows not written within $1 s (their relay is gone or
+-- idle) unless they are their endpoint's latest learned one, and any row older than a week.
+DELETE FROM outbox_endpoint_limits AS l
+WHERE l.updated_at < now() - make_interval(secs => $1::float8)
+  AND (l.updated_at < now() - interval '7 days'
+       OR NOT l.learned
+       OR EXISTS (SELECT 1 FROM outbox_endpoint_limits AS n
+                  WHERE n.event_type = l.event_type AND n.endpoint = l.endpoint
+                    AND n.learned AND n.updated_at > l.updated_at));
+
+-- learned_limits --
+-- What the other relays (all but $3) keep of the limits of endpoints ($1 event types, $2 names),
+-- with their ages by the database's clock
+SELECT l.event_type, l.endpoint, l.concurrency, l.settled,
+       extract(epoch FROM now() - l.updated_at)::float8 AS age,
+       extract(epoch FROM now() - l.pushed_back_at)::float8 AS pushed_back_ago,
+       l.learned
+FROM outbox_endpoint_limits AS l
+JOIN unnest($1::text[], $2::text[]) AS k(event_type, endpoint)
+  ON l.event_type = k.event_type AND l.endpoint = k.endpoint
+WHERE l.relay <> $3::uuid;
+
+-- save_limits --
+-- Keep relay $1's limits of endpoints ($2 event types, $3 names, $4 limits, $5 where their last
+-- push-back left them, $6 seconds since it, $7 learned from answers): one row per endpoint and
+-- relay, written over. At most one such write per relay every few seconds (relay/limit_store.py).
+INSERT INTO outbox_endpoint_limits AS l
+    (event_type, endpoint, relay, concurrency, settled, pushed_back_at, learned, updated_at)
+SELECT k.event_type, k.endpoint, $1::uuid, k.concurrency, k.settled,
+       now() - make_interval(secs => k.pushed_back_ago), k.learned, now()
+FROM unnest($2::text[], $3::text[], $4::float8[], $5::float8[], $6::float8[], $7::boolean[])
+    AS k(event_type, endpoint, concurrency, settled, pushed_back_ago, learned)
+ON CONFLICT (event_type, endpoint, relay) DO UPDATE
+SET concurrency = excluded.concurrency,
+    settled = excluded.settled,
+    pushed_back_at = excluded.pushed_back_at,
+    learned = excluded.learned,
+    updated_at = excluded.updated_at;

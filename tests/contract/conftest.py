@@ -66,6 +66,10 @@ class Harness:
         """An operator pauses the endpoint (``python -m outbox pause``)."""
         raise NotImplementedError
 
+    async def age_limits(self, seconds: float) -> None:
+        """Every relay's learned limits were written ``seconds`` earlier than they were."""
+        raise NotImplementedError
+
 
 class PostgresHarness(Harness):
     name = "postgres"
@@ -132,6 +136,13 @@ class PostgresHarness(Harness):
     async def pause(self, key: tuple[str, str]) -> None:
         assert await sql.value(self.db, "pause_endpoint", *key, "operator")
 
+    async def age_limits(self, seconds: float) -> None:
+        await self.db.execute(
+            "UPDATE outbox_endpoint_limits SET updated_at = updated_at - make_interval(secs => $1),"
+            " pushed_back_at = pushed_back_at - make_interval(secs => $1)",
+            seconds,
+        )
+
 
 class MemoryHarness(Harness):
     name = "memory"
@@ -174,6 +185,12 @@ class MemoryHarness(Harness):
 
     async def pause(self, key: tuple[str, str]) -> None:
         self.memory.paused.add(key)
+
+    async def age_limits(self, seconds: float) -> None:
+        for row in self.memory.limits.values():
+            row.updated_at -= seconds
+            if row.pushed_back_at is not None:
+                row.pushed_back_at -= seconds
 
 
 @pytest.fixture(params=["postgres", "memory"])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import time
 import uuid
+from collections.abc import Sequence
 
 from outbox.core.models import (
     Attempt,
@@ -19,7 +20,7 @@ from outbox.core.models import (
     Status,
     TransportError,
 )
-from outbox.store.contract import SentAttempt
+from outbox.store.contract import LearnedLimit, OwnLimit, SentAttempt
 from tests.contract.conftest import Harness
 
 KEY = ("OrderCompleted", "orders")
@@ -327,3 +328,64 @@ async def test_the_paused_endpoints_are_read_as_keys_and_a_lease_sees_them_too(
     await harness.add()
     lease = await harness.store.lease_batch(10, LEASE_SECONDS)
     assert [(b.event_type, b.endpoint, b.paused) for b in lease.troubled or []] == [(*KEY, True)]
+
+
+class Starts:
+    """A relay's start (``RelayStore.start_limits``' ``start``): what it read, and what it keeps."""
+
+    def __init__(self, *keep: OwnLimit) -> None:
+        self.keep = keep
+        self.read: list[LearnedLimit] = []
+
+    def __call__(self, rows: Sequence[LearnedLimit]) -> list[OwnLimit]:
+        self.read = sorted(rows, key=lambda r: r.age)
+        return list(self.keep)
+
+
+async def start(harness: Harness, relay: uuid.UUID, *keep: OwnLimit) -> list[LearnedLimit]:
+    """What ``relay`` reads as it starts, keeping ``keep``."""
+    starts = Starts(*keep)
+    kept = await harness.store.start_limits(relay, [KEY], starts, live_seconds=LIVE_SECONDS)
+    assert list(kept) == list(keep)
+    return starts.read
+
+
+LIVE_SECONDS = 150.0
+
+
+async def test_a_relay_starts_from_the_limits_other_relays_keep_and_keeps_its_start(
+    harness: Harness,
+) -> None:
+    first, second = uuid.uuid4(), uuid.uuid4()
+    assert await start(harness, first) == []  # nothing learned yet
+    await harness.store.save_limits(first, [OwnLimit(*KEY, 200.0, 100.0, 5.0, learned=True)])
+    await harness.store.save_limits(first, [OwnLimit(*KEY, 120.0, 60.0, 2.0, learned=True)])
+    (row,) = await start(harness, second, OwnLimit(*KEY, 60.0, None, None, learned=False))
+    assert (row.event_type, row.endpoint, row.concurrency, row.settled) == (*KEY, 120.0, 60.0)
+    assert row.learned
+    assert 0 <= row.age < 5  # its own row, written over, by the store's clock
+    assert row.pushed_back_ago is not None
+    assert 2 <= row.pushed_back_ago < 7
+    # The first relay does not read its own row; it reads the second's start, not learned.
+    (start_row,) = await start(harness, first)
+    assert (start_row.concurrency, start_row.learned, start_row.pushed_back_ago) == (
+        60.0,
+        False,
+        None,
+    )
+
+
+async def test_a_start_forgets_the_rows_no_relay_will_read(harness: Harness) -> None:
+    earlier, later, starting = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    await harness.store.save_limits(earlier, [OwnLimit(*KEY, 300.0, None, None, learned=True)])
+    await harness.age_limits(100)
+    await harness.store.save_limits(later, [OwnLimit(*KEY, 80.0, None, None, learned=True)])
+    await start(harness, starting, OwnLimit(*KEY, 80.0, None, None, learned=False))
+    assert len(await start(harness, uuid.uuid4())) == 3  # all written within the last 150 s
+    await harness.age_limits(200)
+    # None is live: the endpoint's latest learned row is all a relay starting reads.
+    (row,) = await start(harness, uuid.uuid4())
+    assert (row.concurrency, row.learned) == (80.0, True)
+    assert 195 < row.age < 210
+    await harness.age_limits(8 * 24 * 3600)
+    assert await start(harness, uuid.uuid4()) == []  # a week old: forgotten too

@@ -18,7 +18,7 @@ import outbox
 from outbox import store
 from outbox.core.models import Attempt, Delivered, DrainSummary, Outcome, Recorded, Response, Status
 from outbox.core.settings import QueueSettings
-from outbox.relay.lease import batches_in_flight
+from outbox.relay.lease import messages_in_flight
 from outbox.relay.processor import Deliver, OutboxProcessor, shielded
 from outbox.relay.record import Recorder
 from outbox.store.postgres import PostgresStore, lease_past_statement, lease_statement
@@ -542,10 +542,10 @@ async def test_an_outcome_write_that_fails_ends_the_run(
 ) -> None:
     # Leasing more would only leave more rows Processing until their leases expire.
     await seed(db, 100)
-    # Five slots: batches of five, twice as many open as in flight (``lease.batches_in_flight``).
+    # Five slots: batches of five, twice as many open as in flight (``lease.messages_in_flight``).
     settings = make_settings(batch_size=5, concurrency=5)
-    open_batches = 2 * batches_in_flight(5, 5)
-    assert open_batches * 5 <= 50
+    open_messages = 2 * messages_in_flight(5, 5)
+    assert open_messages <= 50
     async with open_relay(settings) as relay:
         pool = FailingWritesPool(relay.pool, error)
         processor = OutboxProcessor(PostgresStore(pool), relay.publisher.deliver, settings)
@@ -554,9 +554,9 @@ async def test_an_outcome_write_that_fails_ends_the_run(
     assert (summary.error or "").startswith(reported)
     assert SECRET not in (summary.error or "")
     # What was leased when the first write failed, and no more: at most the batches open then.
-    assert summary.leased == summary.unrecorded <= open_batches * 5
-    assert pool.leases <= open_batches
-    assert (await statuses(db))["Pending"] >= 100 - open_batches * 5
+    assert summary.leased == summary.unrecorded <= open_messages
+    assert pool.leases <= open_messages // 5
+    assert (await statuses(db))["Pending"] >= 100 - open_messages
 
 
 async def test_an_exception_escaping_a_delivery_is_recorded_and_the_rest_still_delivered(

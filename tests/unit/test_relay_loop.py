@@ -5,6 +5,7 @@ by the test (``Clock``). tests/contract shows the memory store keeps the SQL's r
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -62,6 +63,31 @@ class Receiver:
                 self.in_flight[key] -= 1
 
 
+class Held:
+    """A publisher whose answers wait until ``release``; it counts the requests in flight."""
+
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.sent = 0
+        self.released = asyncio.Event()
+
+    async def deliver(self, message: LeasedMessage, endpoint: WebhookEndpoint) -> DeliveryResult:
+        self.in_flight += 1
+        self.sent += 1
+        try:
+            await self.released.wait()
+            return Response(204)
+        finally:
+            self.in_flight -= 1
+
+    async def reaches(self, count: int) -> None:
+        """Until ``count`` requests are in flight at once (a deadline, never a sleep's time)."""
+        deadline = time.monotonic() + 10
+        while self.in_flight < count:
+            assert time.monotonic() < deadline, f"{self.in_flight} in flight, not {count}"
+            await asyncio.sleep(0.01)
+
+
 def settings(**overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "database_url": "postgresql://relay@127.0.0.1:5432/outbox",
@@ -96,8 +122,9 @@ async def test_a_drain_delivers_everything_due_and_ends_on_a_lease_that_finds_no
     assert (summary.processed, summary.batches, summary.stopped_by) == (250, 3, "drained")
     assert statuses(memory) == {"Processed": 250}
     assert len(receiver.sent) == 250
-    # It lets go what was parked first (a drain sweeps), and its last lease found nothing.
-    assert memory.calls[0] == "release_held"
+    # It reads the learned limits first, lets go what was parked (a drain sweeps), and its last
+    # lease found nothing.
+    assert memory.calls[:2] == ["start_limits", "release_held"]
     assert memory.calls[-1] == "lease_batch"
     assert memory.calls.count("lease_batch") == 4
 
@@ -108,7 +135,38 @@ async def test_a_hint_s_run_stops_once_caught_up_without_a_lease_more() -> None:
         memory.add("OrderCompleted")
     summary = await processor.execute(until_caught_up=True)
     assert summary.processed == 5
-    assert memory.calls == ["lease_batch", "record_delivered"]
+    # Its first answers make the endpoint's learned limit worth keeping (relay.limit_store).
+    assert memory.calls == ["start_limits", "lease_batch", "record_delivered", "save_limits"]
+
+
+async def test_a_hint_leases_what_was_committed_without_waiting_for_the_answers_in_flight() -> None:
+    held = Held()
+    memory = MemoryStore()
+    processor = OutboxProcessor(memory, held.deliver, settings(concurrency=8))
+    memory.add("OrderCompleted")
+    run = asyncio.create_task(processor.execute(until_caught_up=True))
+    await held.reaches(1)  # caught up, its one request unanswered
+    for count in range(2, 9):  # each committed, then its hint (OUTBOX_WAKEUP=postgres)
+        memory.add("OrderCompleted")
+        processor.more_due()
+        await held.reaches(count)  # sent while the earlier ones still wait for their answers
+    assert memory.calls.count("lease_batch") == 8  # a batch of one each: none waited
+    held.released.set()
+    summary = await run
+    assert (summary.processed, summary.batches) == (8, 8)
+
+
+async def test_without_a_hint_a_caught_up_run_waits_for_its_answers_and_ends() -> None:
+    held = Held()
+    memory = MemoryStore()
+    processor = OutboxProcessor(memory, held.deliver, settings())
+    memory.add("OrderCompleted")
+    run = asyncio.create_task(processor.execute(until_caught_up=True))
+    await held.reaches(1)
+    memory.add("OrderCompleted")  # committed without a hint: the next run's
+    held.released.set()
+    assert (await run).processed == 1
+    assert held.sent == 1
 
 
 async def test_a_hint_s_run_leases_again_for_the_next_message_of_a_key_it_let_go() -> None:
