@@ -1,33 +1,51 @@
 """The operator's console as plain async functions over plain values: its page and its JSON API.
 
-``outbox.functions`` binds each to a route (``/api/outbox/console``, ``/api/outbox/overview``,
-``/api/outbox/messages[/{message_id}]``, ``/api/outbox/actions``, ``/api/outbox/pause``,
-``/api/outbox/resume``; requeue is ``/api/outbox/requeue``). Reading and acting are separate
-functions, so a key can be given that reads but cannot act: on Azure a function-level key of the
-read functions, under ``outbox serve`` ``OUTBOX_CONSOLE_VIEW_KEY``. The page holds no data and
-needs no key: it asks the API with the key the operator gives it, in a header.
+``outbox.functions`` binds each to a route: reading ``/api/outbox/console`` (the page),
+``/api/outbox/overview``, ``/api/outbox/messages[/{message_id}]``, ``/api/outbox/endpoints``,
+``/api/outbox/actions``; acting ``/api/outbox/pause``, ``/api/outbox/resume``,
+``/api/outbox/resend``, ``/api/outbox/cancel``, ``/api/outbox/replay``, ``/api/outbox/probe``
+(requeue and drain are ``outbox.triggers``'). Reading and acting are separate functions, so a key
+can be given that reads but cannot act: on Azure a function-level key of the read functions,
+under ``outbox serve`` ``OUTBOX_CONSOLE_VIEW_KEY(S)``. The page holds no data and needs no key:
+it asks the API with the key the operator gives it, in a header. Every action is recorded with
+who took it (``outbox.azure.caller``), and refused when the key came in the address.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import secrets
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+from outbox.azure.caller import KEY_PARAMETER, Caller
 from outbox.azure.console_page import render
 from outbox.azure.host import functions_host
 from outbox.azure.triggers import HttpResult, Query, _json_object, http_endpoint, query_parameters
-from outbox.core.errors import BadRequestError
+from outbox.core.errors import BadRequestError, NotFoundError
 from outbox.core.logs import log_event
-from outbox.operations import actions, requests, views
-from outbox.operations.list_query import MESSAGE_PARAMETERS, parse_message_query
+from outbox.core.redact import shown_host
+from outbox.core.settings import FUNCTION_KEY_NAME
+from outbox.operations import actions, replay_window, requests, views
+from outbox.operations.list_query import (
+    ACTION_PARAMETERS,
+    MESSAGE_PARAMETERS,
+    parse_action_query,
+    parse_message_query,
+)
 
 logger = logging.getLogger("outbox.console")
+BODY_UNKNOWN = "unknown field(s) in the body: {}"
 
-KEY_PARAMETER = "code"
+
+@dataclass(frozen=True, slots=True)
+class Download:
+    """An answer that is a file to save: its JSON text and the name to save it as."""
+
+    body: str
+    filename: str
 
 
 def page() -> tuple[int, str, dict[str, str]]:
@@ -50,28 +68,21 @@ def page() -> tuple[int, str, dict[str, str]]:
     return 200, render(nonce), headers
 
 
-def actor(headers: Mapping[str, str], query: Query) -> str:
-    """The identity of the key a request came with: a short hash, never the key."""
-    lowered = {k.lower(): v for k, v in headers.items()}
-    given = lowered.get("x-functions-key") or dict(query).get(KEY_PARAMETER) or ""
-    if not given:
-        return "key:none"
-    digest = hashlib.sha256(given.encode("utf-8", "surrogatepass")).hexdigest()
-    return f"key:{digest[:12]}"
-
-
 @http_endpoint("overview")
-async def on_overview(query: Query) -> HttpResult:
-    """``GET /api/outbox/overview``: the console's overview."""
+async def on_overview(query: Query, who: Caller | None = None) -> HttpResult:
+    """``GET /api/outbox/overview``: the console's overview, its health first, and who the caller
+    is (``actor``, as the record of actions names them) and whether they may act."""
     query_parameters(query, allowed=frozenset({KEY_PARAMETER}))
+    who = who or Caller(FUNCTION_KEY_NAME)
     relay = await functions_host.relay()
     threshold = relay.settings.alert_oldest_pending_seconds
-    return 200, await views.overview(
+    shown = await views.overview(
         relay.pool,
         threshold,
         relay.settings.endpoint_names,
         notify_wakeups=relay.settings.wakes_by_postgres,
     )
+    return 200, shown | {"can_act": who.can_act, "actor": who.name}
 
 
 @http_endpoint("messages")
@@ -85,62 +96,116 @@ async def on_messages(query: Query) -> HttpResult:
 
 
 @http_endpoint("message")
-async def on_message(query: Query, message_id: str) -> HttpResult:
-    """``GET /api/outbox/messages/{message_id}``: one message's detail."""
-    query_parameters(query, allowed=frozenset({KEY_PARAMETER}))
+async def on_message(query: Query, message_id: str) -> HttpResult | Download:
+    """``GET /api/outbox/messages/{message_id}[?payload=full]``: one message's detail, or with
+    ``payload=full`` its whole payload, as a file to save."""
+    params = query_parameters(query, allowed=frozenset({KEY_PARAMETER, "payload"}))
+    whole = params.get("payload")
+    if whole is not None and whole != "full":
+        raise BadRequestError("payload must be full (the whole payload, as a file) or left out")
     try:
         identifier = UUID(message_id)
     except ValueError:
         raise BadRequestError("message_id must be a message id (a UUID)") from None
     relay = await functions_host.relay()
-    shown = await views.message(relay.pool, identifier)
+    if whole:
+        text = await views.payload(relay.pool, identifier)
+        if text is None:
+            raise NotFoundError(f"no outbox message {identifier}")
+        return Download(text, f"{identifier}.json")
+    hold = relay.settings.ordering_on_failure == "hold"
+    shown = await views.message(relay.pool, identifier, hold_on_failure=hold)
     if shown is None:
-        return 404, {"error": f"no message {identifier}"}
+        raise NotFoundError(f"no outbox message {identifier}")
     return 200, shown
 
 
 @http_endpoint("actions")
 async def on_actions(query: Query) -> HttpResult:
-    """``GET /api/outbox/actions``: the latest actions taken, newest first."""
+    """``GET /api/outbox/actions?limit=…&before=…&actor=…&action=…&since=…&until=…``: one page
+    of the actions taken, newest first, and the cursor of the next."""
+    params = query_parameters(query, allowed=frozenset({KEY_PARAMETER, *ACTION_PARAMETERS}))
+    params.pop(KEY_PARAMETER, None)
+    wanted = parse_action_query(params)
+    relay = await functions_host.relay()
+    return 200, await views.actions(relay.pool, wanted)
+
+
+@http_endpoint("endpoints")
+async def on_endpoints(query: Query) -> HttpResult:
+    """``GET /api/outbox/endpoints``: every configured endpoint, its state and its rates."""
     query_parameters(query, allowed=frozenset({KEY_PARAMETER}))
     relay = await functions_host.relay()
-    return 200, {"actions": await views.actions(relay.pool)}
+    settings = relay.settings
+    hosts = {
+        (event_type, endpoint.name): shown_host(endpoint.url)
+        for event_type, group in settings.endpoints.items()
+        for endpoint in group
+        if endpoint.name is not None
+    }
+    shown = await views.endpoints_page(relay.pool, settings.endpoint_names, hosts)
+    return 200, {"endpoints": shown}
 
 
 @http_endpoint("pause")
-async def on_pause(body: bytes, who: str) -> HttpResult:
+async def on_pause(body: bytes, who: Caller) -> HttpResult:
     """``POST /api/outbox/pause`` ``{"event_type": …, "endpoint": …, "action_id": …}``."""
+    actor = who.acting()
     data = requests.action_body(_json_object(body))
     relay = await functions_host.relay()
     endpoints = relay.settings.endpoint_names
     key = requests.key_of(endpoints, data.get("event_type"), data.get("endpoint"))
-    result = await actions.pause(relay.pool, key, actor=who, action_id=data.get("action_id"))
+    result = await actions.pause(relay.pool, key, actor=actor, action_id=data.get("action_id"))
     if result.get("in_progress"):
         return _running(result)
-    log_event(logger, logging.INFO, "outbox.pause", event_type=key[0], endpoint=key[1], by=who)
+    log_event(logger, logging.INFO, "outbox.pause", event_type=key[0], endpoint=key[1], by=who.name)
     return 200, result
 
 
 @http_endpoint("resume")
-async def on_resume(body: bytes, who: str) -> HttpResult:
+async def on_resume(body: bytes, who: Caller) -> HttpResult:
     """``POST /api/outbox/resume`` (as pause): what waited for the endpoint is drained now."""
+    actor = who.acting()
     data = requests.action_body(_json_object(body))
     relay = await functions_host.relay()
     endpoints = relay.settings.endpoint_names
     key = requests.key_of(endpoints, data.get("event_type"), data.get("endpoint"))
-    result = await actions.resume(relay.pool, key, actor=who, action_id=data.get("action_id"))
+    result = await actions.resume(relay.pool, key, actor=actor, action_id=data.get("action_id"))
     if result.get("in_progress"):
         return _running(result)
-    log_event(logger, logging.INFO, "outbox.resume", event_type=key[0], endpoint=key[1], by=who)
+    log_event(
+        logger, logging.INFO, "outbox.resume", event_type=key[0], endpoint=key[1], by=who.name
+    )
     if result.get("due"):
         await relay.wake_now()
     return 200, result
 
 
+@http_endpoint("probe")
+async def on_probe(body: bytes, who: Caller) -> HttpResult:
+    """``POST /api/outbox/probe`` ``{"event_type": …, "endpoint": …, "action_id": …}``: the
+    endpoint's breaker due for its probe now, its waiting messages due now, and a drain woken;
+    409 when its breaker is not open."""
+    actor = who.acting()
+    data = requests.action_body(_json_object(body))
+    relay = await functions_host.relay()
+    endpoints = relay.settings.endpoint_names
+    key = requests.key_of(endpoints, data.get("event_type"), data.get("endpoint"))
+    result = await actions.probe(relay.pool, key, actor=actor, action_id=data.get("action_id"))
+    if result.get("in_progress"):
+        return _running(result)
+    log_event(logger, logging.INFO, "outbox.probe", event_type=key[0], endpoint=key[1], by=who.name)
+    if not result["repeated"]:
+        await relay.wake_now()
+    return 200, result
+
+
 @http_endpoint("resend")
-async def on_resend(body: bytes, who: str) -> HttpResult:
-    """``POST /api/outbox/resend`` ``{"message_ids": [...], "endpoint": …, "action_id": …}``:
-    Processed messages sent again (same webhook-id), to one endpoint or to all."""
+async def on_resend(body: bytes, who: Caller) -> HttpResult:
+    """``POST /api/outbox/resend`` ``{"message_ids": [...], "endpoint": …, "action_id": …,
+    "dry_run": …}``: Processed messages sent again (same webhook-id), to one endpoint or to
+    all."""
+    actor = who.acting()
     data = requests.action_body(_json_object(body), requests.RESEND_FIELDS)
     ids, endpoint = requests.resend_body(data)
     relay = await functions_host.relay()
@@ -149,18 +214,70 @@ async def on_resend(body: bytes, who: str) -> HttpResult:
         ids,
         endpoint,
         relay.settings.endpoint_names,
-        actor=who,
+        actor=actor,
         action_id=data.get("action_id"),
+        dry_run=data.get("dry_run", False),
     )
     if result.get("in_progress"):
         return _running(result)
-    log_event(logger, logging.INFO, "outbox.resend", resent=len(result["resent"]), by=who)
+    if result.get("dry_run"):
+        return 200, result
+    log_event(logger, logging.INFO, "outbox.resend", resent=len(result["resent"]), by=who.name)
     if result["resent"] and not result["repeated"]:
         await relay.wake_now()
     return 200, result
 
 
-def _running(result: dict[str, Any]) -> HttpResult:
+@http_endpoint("cancel")
+async def on_cancel(body: bytes, who: Caller) -> HttpResult:
+    """``POST /api/outbox/cancel`` ``{"message_ids": [...], "reason": …, "action_id": …,
+    "dry_run": …}``: Pending messages made Failed, with who cancelled them and why."""
+    actor = who.acting()
+    data = requests.action_body(_json_object(body), requests.CANCEL_FIELDS)
+    ids, reason = requests.cancel_body(data)
+    relay = await functions_host.relay()
+    result = await actions.cancel(
+        relay.pool,
+        ids,
+        reason,
+        actor=actor,
+        action_id=data.get("action_id"),
+        dry_run=data.get("dry_run", False),
+        hold_on_failure=relay.settings.ordering_on_failure == "hold",
+    )
+    if result.get("in_progress"):
+        return _running(result)
+    if result.get("dry_run"):
+        return 200, result
+    log_event(
+        logger, logging.INFO, "outbox.cancel", cancelled=len(result["cancelled"]), by=who.name
+    )
+    if result.get("released") and not result["repeated"]:
+        await relay.wake_now()
+    return 200, result
+
+
+@http_endpoint("replay")
+async def on_replay(body: bytes, who: Caller) -> HttpResult:
+    """``POST /api/outbox/replay`` ``{"event_type": …, "endpoint": …, "created_from": …,
+    "created_to": …, "dry_run": …, "action_id": …}``: the window's Processed messages sent
+    again, in batches, resumable under its ``action_id``."""
+    actor = who.acting()
+    wanted = requests.parse(requests.ReplayRequest, _json_object(body), unknown=BODY_UNKNOWN)
+    relay = await functions_host.relay()
+    endpoints = relay.settings.endpoint_names
+    result = await replay_window.replay(relay.pool, wanted, endpoints, actor=actor)
+    if result.get("in_progress"):
+        return _running(result)
+    if result.get("dry_run"):
+        return 200, result
+    log_event(logger, logging.INFO, "outbox.replay", resent=result["resent"], by=who.name)
+    if result["resent"] and not result["repeated"]:
+        await relay.wake_now()
+    return 200, result
+
+
+def _running(result: Mapping[str, Any]) -> HttpResult:
     """409: another call runs this action id now; the same call, sent again once that one has
     finished, answers with its result."""
     action_id = result["action_id"]

@@ -10,16 +10,27 @@ import functools
 import json
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, TypeVar
 
+from outbox.azure import caller
+from outbox.azure.caller import Caller
 from outbox.azure.host import functions_host
-from outbox.core.errors import BadRequestError, DatabaseError, DrainFailedError, OutboxError
+from outbox.core.errors import (
+    BadRequestError,
+    ConflictError,
+    DatabaseError,
+    DrainFailedError,
+    NotFoundError,
+    OutboxError,
+)
 from outbox.core.logs import log_event
 from outbox.core.models import DrainSummary
+from outbox.core.settings import FUNCTION_KEY_NAME
 from outbox.operations import actions, requests, retention, status
 
 logger = logging.getLogger("outbox.triggers")
 P = ParamSpec("P")
+R = TypeVar("R")
 
 HTTP_DEFAULT_BUDGET_SECONDS = 30.0
 HTTP_PARAMETERS = frozenset({"code"})  # `code` carries the function key, on every route
@@ -92,20 +103,25 @@ def _pairs(query: Query | Mapping[str, str]) -> Query:
 
 def http_endpoint(
     name: str,
-) -> Callable[[Callable[P, Awaitable[HttpResult]]], Callable[P, Awaitable[HttpResult]]]:
+) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Awaitable[R | HttpResult]]]:
     """Turn an endpoint's errors into JSON answers that leak nothing.
 
-    Bad parameters → 400 with the reason; bad settings → 500; database trouble → 503. The details
-    go to the function log, never into the answer.
+    Bad parameters → 400 with the reason; an id or an endpoint that does not exist → 404, an
+    action the state does not allow → 409, each saying so; bad settings → 500; database
+    trouble → 503. The details go to the function log, never into the answer.
     """
 
-    def decorate(handler: Callable[P, Awaitable[HttpResult]]) -> Callable[P, Awaitable[HttpResult]]:
+    def decorate(handler: Callable[P, Awaitable[R]]) -> Callable[P, Awaitable[R | HttpResult]]:
         @functools.wraps(handler)
-        async def guarded(*args: P.args, **kwargs: P.kwargs) -> HttpResult:
+        async def guarded(*args: P.args, **kwargs: P.kwargs) -> R | HttpResult:
             try:
                 return await handler(*args, **kwargs)
             except BadRequestError as exc:
                 return 400, {"error": str(exc)}
+            except NotFoundError as exc:
+                return 404, {"error": str(exc)}
+            except ConflictError as exc:
+                return 409, {"error": str(exc)}
             except DatabaseError as exc:  # before OutboxError, its base: an outage, not a bug
                 logger.error("outbox %s endpoint: database error: %s", name, exc.kind)
                 return 503, {"error": DATABASE_DOWN}
@@ -119,17 +135,25 @@ def http_endpoint(
 
 
 @http_endpoint("drain")
-async def on_drain_request(query: Query | Mapping[str, str], body: bytes) -> HttpResult:
+async def on_drain_request(
+    query: Query | Mapping[str, str], body: bytes, who: Caller | None = None
+) -> HttpResult:
     """HTTP trigger: ``POST /api/outbox/drain[?budget_seconds=N]`` → (status, JSON body).
 
-    ``query``: the query string's (name, value) pairs, in order (or a mapping of them).
+    ``query``: the query string's (name, value) pairs, in order (or a mapping of them). The
+    drain is recorded as an action of ``who`` (its caller), when the database takes the record.
     """
-    summary = await drain("http", parse_budget(_pairs(query), body))
+    pairs = _pairs(query)
+    actor = (who or caller.of({}, pairs)).acting()
+    budget = parse_budget(pairs, body)
+    recorded = await _record(actions.begin, "drain", {"budget_seconds": budget}, actor)
+    summary = await drain("http", budget)
     result = summary.as_dict()
     if summary.error:
-        result["error"] = DATABASE_DOWN
-        return 503, result
-    return 200, result
+        result["error"] = DATABASE_DOWN  # the details are in the log, not in answers or records
+    if recorded is not None:
+        await _record(actions.finish, recorded, summary.processed, result)
+    return (503 if summary.error else 200), result
 
 
 @http_endpoint("status")
@@ -145,14 +169,25 @@ async def on_status_request(query: Query | Mapping[str, str] = ()) -> HttpResult
     return (200 if backlog.healthy else 503), backlog.as_dict()
 
 
+async def _record(write: Callable[..., Awaitable[R]], *args: Any) -> R | None:
+    """A drain's record, written when the database takes it: a drain goes on without."""
+    relay = await functions_host.relay()
+    try:
+        return await write(relay.pool, *args)
+    except DatabaseError as exc:
+        logger.warning("outbox drain not recorded: database error: %s", exc.kind)
+        return None
+
+
 @http_endpoint("requeue")
-async def on_requeue_request(body: bytes, who: str = "key:none") -> HttpResult:
+async def on_requeue_request(body: bytes, who: Caller | None = None) -> HttpResult:
     """HTTP trigger: ``POST /api/outbox/requeue`` with a JSON body naming the Failed rows.
 
-    A requeue that is not a dry run is recorded as an action of ``who`` (a key's identity), once
-    per ``action_id``: the same id sent again answers with the first one's result. With
+    A requeue that is not a dry run is recorded as an action of ``who`` (its caller), once per
+    ``action_id``: the same id sent again answers with the first one's result. With
     ``batch_size`` (and an ``action_id``), each call requeues one batch, going on from the last
     one of that action, and answers with the running count and whether it is ``done``."""
+    actor = (who or Caller(FUNCTION_KEY_NAME)).acting()
     wanted = parse_requeue(body)
     relay = await functions_host.relay()
     if wanted.batch_size is not None and not wanted.dry_run and wanted.action_id is not None:
@@ -160,7 +195,7 @@ async def on_requeue_request(body: bytes, who: str = "key:none") -> HttpResult:
             relay.pool,
             wanted.filter,
             batch_size=wanted.batch_size,
-            actor=who,
+            actor=actor,
             action_id=wanted.action_id,
         )
         now = report.get("batch_requeued", 0)
@@ -169,7 +204,7 @@ async def on_requeue_request(body: bytes, who: str = "key:none") -> HttpResult:
             relay.pool,
             wanted.filter,
             dry_run=wanted.dry_run,
-            actor=who,
+            actor=actor,
             action_id=wanted.action_id,
         )
         now = 0 if wanted.dry_run or report.get("repeated") else report["requeued"]

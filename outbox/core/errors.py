@@ -45,6 +45,16 @@ class BadRequestError(OutboxError, ValueError):
     the message says which, in the words of the front end that was called."""
 
 
+class NotFoundError(OutboxError, LookupError):
+    """An operation named a message or an endpoint that does not exist; the message names it (the
+    HTTP API answers 404, a command exits 1)."""
+
+
+class ConflictError(OutboxError):
+    """An operation cannot be done in the state things are in (a probe of an endpoint whose
+    breaker is not open); the message says why (the HTTP API answers 409, a command exits 1)."""
+
+
 class DatabaseError(OutboxError):
     """The database could not be reached, lost the connection, or refused a statement.
 

@@ -141,6 +141,14 @@ def _host_token(url: str) -> str | None:
     return first if random_looking and any(c.isalpha() for c in first) else None
 
 
+def shown_host(url: str) -> str:
+    """The host of an endpoint's URL as the console may show it: never its path, query or user,
+    and a first label that looks like a capability (``_host_token``) replaced by ``[redacted]``."""
+    host = urlsplit(url).hostname or ""
+    token = _host_token(url)
+    return host.replace(token, "[redacted]", 1) if token else host
+
+
 def _token_like(text: str) -> bool:
     """Long, or with a digit among letters: worth hiding wherever it appears (a plain word like
     "orders" or "v1" is not, or ordinary error text would be redacted too)."""
@@ -217,8 +225,7 @@ class Redactor:
             secrets.append(password)
         if settings.queue_connection is not None:
             secrets.append(settings.queue_connection.get_secret_value())
-        if settings.function_key is not None:
-            secrets.append(settings.function_key.get_secret_value())
+        secrets.extend(key.get_secret_value() for key in settings.all_keys().values())
         for endpoint in (e for group in settings.endpoints.values() for e in group):
             secrets.extend(_endpoint_forms(endpoint))
             host_tokens.extend(filter(None, [_host_token(endpoint.url)]))

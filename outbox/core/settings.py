@@ -71,6 +71,12 @@ NOT_A_URL = "is not a valid URL (percent-encode special characters such as [ ] i
 # anything else may be a URL or a secret put in the wrong place.
 _NAMEABLE_KEY = re.compile(r"^[A-Za-z0-9_.:-]{1,100}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,100}$")
+# A console key's name (OUTBOX_CONSOLE_KEYS, OUTBOX_CONSOLE_VIEW_KEYS): who acted, in the record.
+_KEY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,63}$")
+MIN_KEY_CHARS = 16
+# Who a caller of OUTBOX_FUNCTION_KEY or OUTBOX_CONSOLE_VIEW_KEY is, in the record of actions.
+FUNCTION_KEY_NAME = "function key"
+VIEW_KEY_NAME = "view key"
 # Headers the relay sets itself (or that frame the request): an endpoint cannot override them.
 RESERVED_HEADERS = frozenset(
     {
@@ -372,13 +378,73 @@ class Settings(QueueSettings):
     function_key: SecretStr | None = None  # `outbox serve`: the key its HTTP functions require
     # `outbox serve`: a key that reads (the console, status) but cannot act.
     console_view_key: SecretStr | None = None
+    # `outbox serve`: keys by name (JSON object name → key); the name is who acted, in the record
+    # of actions. Those of console_keys may act, those of console_view_keys only read.
+    console_keys: Annotated[dict[str, SecretStr] | None, NoDecode] = None
+    console_view_keys: Annotated[dict[str, SecretStr] | None, NoDecode] = None
 
     @field_validator("function_key", "console_view_key")
     @classmethod
     def _check_function_key(cls, key: SecretStr | None) -> SecretStr | None:
-        if key is not None and len(key.get_secret_value()) < 16:
-            raise ValueError("must be at least 16 characters")
+        if key is not None and len(key.get_secret_value()) < MIN_KEY_CHARS:
+            raise ValueError(f"must be at least {MIN_KEY_CHARS} characters")
         return key
+
+    @field_validator("console_keys", "console_view_keys", mode="before")
+    @classmethod
+    def _parse_named_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                value = json.loads(value) if value.strip() else None
+            except json.JSONDecodeError as exc:
+                # exc.msg and the position only: the text holds keys.
+                raise ValueError(
+                    f"is not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})"
+                ) from None
+        if value is not None and not isinstance(value, Mapping):
+            raise ValueError('must be a JSON object of names and keys: {"alice": "…"}')
+        return value
+
+    @field_validator("console_keys", "console_view_keys")
+    @classmethod
+    def _check_named_keys(cls, value: dict[str, SecretStr] | None) -> dict[str, SecretStr] | None:
+        for name, key in (value or {}).items():
+            if not _KEY_NAME.match(name) or looks_secret(name):
+                raise ValueError(
+                    f"key name {_shown(name, quoted=True)}: a name is 1 to 64 letters, digits "
+                    "and . _ @ + - (it names who acted in the record of actions), never a key"
+                )
+            if len(key.get_secret_value()) < MIN_KEY_CHARS:
+                raise ValueError(f"the key of {name!r} must be at least {MIN_KEY_CHARS} characters")
+        return value
+
+    @model_validator(mode="after")
+    def _check_keys_differ(self) -> Self:
+        named = [*(self.console_keys or {}), *(self.console_view_keys or {})]
+        if len(set(named)) < len(named):
+            raise ValueError(
+                f"{env_name('console_keys')} and {env_name('console_view_keys')} must not give "
+                "a name twice"
+            )
+        keys = [key.get_secret_value() for key in self.all_keys().values()]
+        if len(set(keys)) < len(keys):
+            raise ValueError(
+                "every key of OUTBOX_FUNCTION_KEY, OUTBOX_CONSOLE_VIEW_KEY, OUTBOX_CONSOLE_KEYS "
+                "and OUTBOX_CONSOLE_VIEW_KEYS must differ from the others: a key names one caller"
+            )
+        return self
+
+    def all_keys(self) -> dict[tuple[str, bool], SecretStr]:
+        """Every key ``outbox serve`` takes, by (the name its caller acts under, whether it may
+        act): ``function key`` and ``view key`` for the two single keys."""
+        keys: dict[tuple[str, bool], SecretStr] = {}
+        if self.function_key is not None:
+            keys[(FUNCTION_KEY_NAME, True)] = self.function_key
+        if self.console_view_key is not None:
+            keys[(VIEW_KEY_NAME, False)] = self.console_view_key
+        keys.update({(name, True): key for name, key in (self.console_keys or {}).items()})
+        keys.update({(name, False): key for name, key in (self.console_view_keys or {}).items()})
+        return keys
 
     @field_validator("database_url")
     @classmethod

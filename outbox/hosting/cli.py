@@ -1,8 +1,11 @@
 """``python -m outbox``: the relay's command line (thin: each command calls the package).
 
 Every command prints one JSON object on stdout. Exit status: 0 ok, 1 failed (or, for ``status``,
-unhealthy), 2 bad settings or arguments. ``migrate --inbox`` and ``purge --inbox`` serve a
-consumer's database: they read ``OUTBOX_DATABASE_URL`` and no other setting.
+unhealthy; an unknown message id or endpoint; an action not confirmed), 2 bad settings or
+arguments. Bulk actions (``requeue`` by filter, ``resend`` of several ids, ``cancel``,
+``replay``) print their plan and ask for confirmation on a terminal; without one they need
+``--yes``. ``migrate --inbox`` and ``purge --inbox`` serve a consumer's database: they read
+``OUTBOX_DATABASE_URL`` and no other setting.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ from outbox.core.errors import (
 from outbox.core.models import Status
 from outbox.core.redact import Redactor
 from outbox.core.settings import DatabaseSettings, Settings
+from outbox.core.text import escape_controls
 from outbox.hosting.runenv import load_run_env
 from outbox.hosting.terminal import configure_cli, configure_console, help_text, message_table
-from outbox.operations import actions, grants, requests, views
+from outbox.operations import actions, grants, replay_window, requests, views
 from outbox.operations.list_query import (
     DEFAULT_PAGE_SIZE,
     MESSAGE_FLAGS,
@@ -58,6 +62,11 @@ T = TypeVar("T")
 EXIT_OK, EXIT_FAILED, EXIT_CONFIG = 0, 1, 2
 # Who acted, in the console's record of actions, when a command did.
 CLI_ACTOR = "cli"
+YES_HELP = "do it without asking (scripts: a bulk action needs it without a terminal)"
+
+
+class NotConfirmed(OutboxError):
+    """The operator answered no to a bulk action's plan: nothing was changed."""
 
 
 def add_console_commands(commands: Any) -> None:
@@ -78,6 +87,28 @@ def add_console_commands(commands: Any) -> None:
     resend = commands.add_parser("resend", help="send Processed messages again (same webhook-id)")
     resend.add_argument("message_ids", nargs="+", type=uuid.UUID, metavar="ID")
     resend.add_argument("--endpoint", help="to this endpoint alone (default: every endpoint)")
+    resend.add_argument("--yes", action="store_true", help=YES_HELP)
+    cancel = commands.add_parser("cancel", help="make Pending messages Failed, saying why")
+    cancel.add_argument("message_ids", nargs="+", type=uuid.UUID, metavar="ID")
+    cancel.add_argument("--reason", required=True, help="why (kept in each one's last_error)")
+    cancel.add_argument("--yes", action="store_true", help=YES_HELP)
+    replay = commands.add_parser(
+        "replay", help="send a window's Processed messages again (same webhook-ids)"
+    )
+    replay.add_argument("--created-from", type=datetime.fromisoformat, metavar="ISO8601")
+    replay.add_argument("--created-to", type=datetime.fromisoformat, metavar="ISO8601")
+    replay.add_argument("--event-type")
+    replay.add_argument("--endpoint", help="to this endpoint alone (default: every endpoint)")
+    replay.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    replay.add_argument("--action-id", help="the id of a replay to go on with, once interrupted")
+    replay.add_argument("--yes", action="store_true", help=YES_HELP)
+    probe = commands.add_parser(
+        "probe", help="an endpoint's open breaker probed now, its waiting messages due now"
+    )
+    probe.add_argument("event_type")
+    probe.add_argument(
+        "endpoint", nargs="?", help="its name (not needed when it has only one endpoint)"
+    )
     for name, what in [("pause", "its deliveries wait"), ("resume", "its deliveries go again")]:
         command = commands.add_parser(name, help=f"an endpoint of an event type: {what}")
         command.add_argument("event_type")
@@ -187,6 +218,7 @@ def build_parser() -> argparse.ArgumentParser:
     requeue.add_argument("--error", help="those whose last_error holds this text")
     requeue.add_argument("--all-failed", action="store_true", help="every Failed message")
     requeue.add_argument("--dry-run", action="store_true", help="report, change nothing")
+    requeue.add_argument("--yes", action="store_true", help=YES_HELP)
     add_console_commands(commands)
     purge = commands.add_parser(
         "purge", help="delete Processed (and old Failed) rows past retention"
@@ -288,6 +320,29 @@ def connection_count(text: str) -> int:
     return count
 
 
+def bulk(args: argparse.Namespace) -> str | None:
+    """What bulk action ``args`` ask for, one a terminal confirms (None: not one)."""
+    if getattr(args, "dry_run", False) or getattr(args, "yes", True):
+        return None
+    if args.command == "requeue":
+        given = [args.event_type, args.endpoint, args.created_from, args.created_to, args.error]
+        by_filter = args.all_failed or any(value is not None for value in given)
+        return "a requeue by filter" if by_filter else None
+    if args.command == "resend" and len(args.message_ids) > 1:
+        return "a resend of several messages"
+    return {"cancel": "a cancel", "replay": "a replay"}.get(args.command)
+
+
+def confirmable(args: argparse.Namespace) -> None:
+    """A ``BadRequestError`` when ``args`` ask for a bulk action with no terminal to confirm it
+    on and no ``--yes``: checked once the rest of the arguments are, before anything is done."""
+    action = bulk(args)
+    if action is not None and not sys.stdin.isatty():
+        raise BadRequestError(
+            f"{action} asks for confirmation on a terminal: pass --yes to do it without"
+        )
+
+
 def flag_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with a combination of flags that argparse cannot check on its own."""
     if args.command == "migrate" and args.inbox and (args.partitioned or args.plain):
@@ -385,6 +440,11 @@ async def run_requeue(conn: Any, settings: Settings, args: argparse.Namespace) -
     }
     # Checked here to word its errors by the command's flags; requeue checks it again.
     wanted = requests.parse(requests.RequeueRequest, given, names=requests.FLAG_NAMES)
+    confirmable(args)
+    if bulk(args):
+        plan = await actions.requeue(conn, wanted.filter, dry_run=True, actor=CLI_ACTOR)
+        where = ", ".join(plan["endpoints"] or [])
+        confirm(f"requeue {plan['requeued']} Failed message(s), sent again to: {where}")
     report = await actions.requeue(conn, wanted.filter, dry_run=wanted.dry_run, actor=CLI_ACTOR)
     if report["requeued"] and not wanted.dry_run:
         await wake(conn, settings)  # a drain takes them at once, not at the next sweep
@@ -410,13 +470,79 @@ async def run_endpoints(conn: Any, settings: Settings, args: argparse.Namespace)
 
 
 async def run_resend(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
-    result = await actions.resend(
-        conn, args.message_ids, args.endpoint, settings.endpoint_names, actor=CLI_ACTOR
-    )
+    given = (conn, args.message_ids, args.endpoint, settings.endpoint_names)
+    confirmable(args)
+    if bulk(args):
+        plan = await actions.resend(*given, actor=CLI_ACTOR, dry_run=True)
+        to = f"to {args.endpoint}" if args.endpoint else "to every endpoint of its event type"
+        confirm(f"resend {len(plan['would_resend'])} Processed message(s) {to}", plan)
+    result = await actions.resend(*given, actor=CLI_ACTOR)
     if result["resent"]:
         await wake(conn, settings)
     emit(result)
     return EXIT_OK
+
+
+async def run_cancel(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    reason = requests.cancel_reason(args.reason, "--reason")
+    hold = settings.ordering_on_failure == "hold"
+    given = (conn, args.message_ids, reason)
+    confirmable(args)
+    if bulk(args):
+        plan = await actions.cancel(*given, actor=CLI_ACTOR, dry_run=True, hold_on_failure=hold)
+        confirm(f"cancel {len(plan['would_cancel'])} Pending message(s): {reason}", plan)
+    result = await actions.cancel(*given, actor=CLI_ACTOR, hold_on_failure=hold)
+    if result["released"]:
+        await wake(conn, settings)
+    emit(result)
+    return EXIT_OK
+
+
+async def run_replay(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    given = {
+        "event_type": args.event_type,
+        "endpoint": args.endpoint,
+        "created_from": args.created_from,
+        "created_to": args.created_to,
+        "dry_run": args.dry_run,
+        "action_id": args.action_id,
+    }
+    wanted = requests.parse(requests.ReplayRequest, given, names=requests.FLAG_NAMES)
+    endpoints = settings.endpoint_names
+    confirmable(args)
+    if bulk(args) and args.action_id is None:
+        plan = await replay_window.plan(conn, wanted, endpoints)
+        confirm(
+            f"replay {plan['would_resend']} Processed message(s) created from "
+            f"{wanted.created_from} to {wanted.created_to}, sent again to: "
+            f"{', '.join(plan['endpoints'])}",
+            plan,
+        )
+    result = await replay_window.replay(conn, wanted, endpoints, actor=CLI_ACTOR)
+    if result.get("in_progress"):
+        raise OutboxError(f"replay {result['action_id']!r} is running in another call")
+    if not wanted.dry_run and result["resent"] and not result["repeated"]:
+        await wake(conn, settings)
+    emit(result)
+    return EXIT_OK
+
+
+async def run_probe(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
+    key = requests.key_of(settings.endpoint_names, args.event_type, args.endpoint)
+    result = await actions.probe(conn, key, actor=CLI_ACTOR)
+    await wake(conn, settings)  # the probe is the next delivery there
+    emit(result)
+    return EXIT_OK
+
+
+def confirm(plan: str, details: dict[str, Any] | None = None) -> None:
+    """Ask on the terminal whether to go ahead with ``plan`` (``flag_problem`` has made sure
+    there is one); ``NotConfirmed`` unless the answer is yes. What it skips is listed first."""
+    for message_id, why in ((details or {}).get("why_skipped") or {}).items():
+        print(f"skipped {message_id}: {escape_controls(why)}", file=sys.stderr)
+    print(f"{escape_controls(plan)}. Go ahead? [y/N] ", end="", file=sys.stderr, flush=True)
+    if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+        raise NotConfirmed("not confirmed: nothing was changed")
 
 
 async def run_pause(conn: Any, settings: Settings, args: argparse.Namespace) -> int:
@@ -493,6 +619,9 @@ CONNECTION_COMMANDS: dict[str, ConnectionCommand] = {
     "list": run_list,
     "endpoints": run_endpoints,
     "resend": run_resend,
+    "cancel": run_cancel,
+    "replay": run_replay,
+    "probe": run_probe,
     "pause": run_pause,
     "resume": run_resume,
 }
@@ -530,6 +659,7 @@ async def run_serve(settings: Settings, args: argparse.Namespace) -> int:
         args.app,
         args.max_connections,
         view.get_secret_value() if view else None,
+        serve.named_keys(settings),
     )
     await serve.main(options, settings)
     return EXIT_OK

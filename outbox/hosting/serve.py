@@ -9,9 +9,14 @@ yours), indexes it as the Python worker does and calls the very same functions:
   ``<queue>-poison`` after ``maxDequeueCount`` attempts, with the values from ``host.json``;
 - each timer trigger: fires on its NCRONTAB schedule (UTC);
 - each HTTP trigger: ``/api/<route>`` on 127.0.0.1:7071 like ``func start``; auth level
-  ``FUNCTION`` needs ``OUTBOX_FUNCTION_KEY`` as ``?code=`` or an ``x-functions-key`` header
-  (a function that only reads, GET alone, also takes ``OUTBOX_CONSOLE_VIEW_KEY``); an unknown
-  route's 404 and a wrong method's 405 are JSON like the functions' answers.
+  ``FUNCTION`` needs a key as ``?code=`` or an ``x-functions-key`` header: ``OUTBOX_FUNCTION_KEY``
+  or one of ``OUTBOX_CONSOLE_KEYS`` (a function that only reads, GET alone, also takes
+  ``OUTBOX_CONSOLE_VIEW_KEY`` and ``OUTBOX_CONSOLE_VIEW_KEYS``); the function is told which key
+  matched (its name is who acted, ``outbox.azure.caller``). A wrong key is a 401 and a log line
+  (address, user agent, route; never key material); after ``WRONG_KEYS_ALLOWED`` of them from one
+  address within a minute, that address is answered 429 with ``Retry-After`` until the minute
+  has passed (``WrongKeys``). An unknown route's 404 and a wrong method's 405 are JSON like the
+  functions' answers, and every JSON answer says ``nosniff`` and ``no-store``.
 
 ``host.json`` is read from the working folder when there is one, else the package's own copy
 (the repository's, shipped with it); ``%OUTBOX_QUEUE_NAME%`` defaults to ``outbox-wakeup``.
@@ -31,18 +36,21 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import collections
 import contextlib
 import hmac
 import importlib
+import ipaddress
 import json
 import logging
+import math
 import os
 import re
 import signal
 import time
 import traceback
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from importlib.resources.abc import Traversable
@@ -58,12 +66,20 @@ from azure.storage.queue import QueueMessage as StoredMessage
 from azure.storage.queue.aio import QueueClient
 
 from outbox.azure import functions, telemetry_setup, triggers
+from outbox.azure.caller import MAX_USER_AGENT_CHARS, CheckedKey, checked_key, forwarded_for
+from outbox.azure.functions import JSON_HEADERS
 from outbox.azure.host import functions_host
 from outbox.core import telemetry
 from outbox.core.errors import ConfigurationError, DatabaseError, describe
-from outbox.core.logs import Throttled
+from outbox.core.logs import Throttled, log_event
 from outbox.core.redact import Redactor
-from outbox.core.settings import DEFAULT_QUEUE_NAME, QueueSettings, Settings
+from outbox.core.settings import (
+    DEFAULT_QUEUE_NAME,
+    FUNCTION_KEY_NAME,
+    VIEW_KEY_NAME,
+    QueueSettings,
+    Settings,
+)
 from outbox.hosting import health
 from outbox.hosting.connections import (
     ACCEPT_ERROR_LOG_INTERVAL_SECONDS,
@@ -86,6 +102,11 @@ SETTING_DEFAULTS = {"OUTBOX_QUEUE_NAME": DEFAULT_QUEUE_NAME}
 # How often, with OUTBOX_WAKEUP=postgres, the NOTIFY queue's usage is read: at the fastest fill
 # reported (8 KB NOTIFYs, about 40 s from empty to full) it is found high long before it is full.
 NOTIFY_QUEUE_CHECK_SECONDS = 5.0
+# Wrong keys one address may send within WRONG_KEYS_WINDOW_SECONDS before it is answered 429.
+WRONG_KEYS_ALLOWED = 10
+WRONG_KEYS_WINDOW_SECONDS = 60.0
+# Addresses whose wrong keys are remembered at most (the oldest are forgotten first).
+WRONG_KEYS_ADDRESSES = 10_000
 _TIMESPAN = re.compile(r"^(\d+):(\d\d):(\d\d(?:\.\d+)?)$")
 _SETTING = re.compile(r"%([^%]+)%")
 
@@ -307,25 +328,118 @@ async def run_timer(
             logger.error("%s failed: %s", binding.name, redact(f"{type(exc).__name__}: {exc}"))
 
 
+@dataclass(frozen=True, slots=True)
+class ServeKey:
+    """A key serve takes: the name its caller acts under, the key, whether it may act."""
+
+    name: str
+    secret: str = field(repr=False)
+    can_act: bool = True
+
+
+class KeyRing:
+    """serve's keys: which one a request's key is, compared in constant time with each."""
+
+    def __init__(self, keys: Sequence[ServeKey]) -> None:
+        self._keys = [(k, k.secret.encode("utf-8", "surrogatepass")) for k in keys]
+
+    @classmethod
+    def of(
+        cls, key: str | None, view_key: str | None = None, named: Sequence[ServeKey] = ()
+    ) -> KeyRing:
+        """``OUTBOX_FUNCTION_KEY`` (``function key``), ``OUTBOX_CONSOLE_VIEW_KEY`` (``view
+        key``) and the named keys."""
+        single = [
+            ServeKey(FUNCTION_KEY_NAME, key, True) if key else None,
+            ServeKey(VIEW_KEY_NAME, view_key, False) if view_key else None,
+        ]
+        return cls([k for k in single if k is not None] + list(named))
+
+    def match(self, given: str) -> ServeKey | None:
+        # Header bytes that are not UTF-8 arrive as lone surrogates: compared, never crashed on.
+        wanted = given.encode("utf-8", "surrogatepass")
+        found = None
+        for key, secret in self._keys:  # every one compared: the time says nothing of which
+            if hmac.compare_digest(wanted, secret):
+                found = key
+        return found if given else None
+
+
+def named_keys(settings: Settings) -> tuple[ServeKey, ...]:
+    """``OUTBOX_CONSOLE_KEYS`` (may act) and ``OUTBOX_CONSOLE_VIEW_KEYS`` (only read)."""
+    acting = settings.console_keys or {}
+    reading = settings.console_view_keys or {}
+    return (
+        *(ServeKey(n, k.get_secret_value(), True) for n, k in acting.items()),
+        *(ServeKey(n, k.get_secret_value(), False) for n, k in reading.items()),
+    )
+
+
+class WrongKeys:
+    """The wrong keys each address sent over the last ``window`` seconds: once ``allowed`` of
+    them, the address waits until the oldest of those is ``window`` old (``retry_after``)."""
+
+    def __init__(
+        self,
+        allowed: int = WRONG_KEYS_ALLOWED,
+        window: float = WRONG_KEYS_WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+        remembered: int = WRONG_KEYS_ADDRESSES,
+    ) -> None:
+        self._allowed, self._window, self._clock = allowed, window, clock
+        self._remembered = remembered
+        self._seen: dict[str, collections.deque[float]] = {}
+
+    def retry_after(self, address: str) -> float:
+        """Seconds ``address`` must wait before its next keyed request (0: none)."""
+        times = self._recent(address)
+        if len(times) < self._allowed:
+            return 0.0
+        return max(times[-self._allowed] + self._window - self._clock(), 0.0)
+
+    def failed(self, address: str) -> bool:
+        """Count a wrong key from ``address``; whether it has to wait from now on."""
+        times = self._recent(address)
+        times.append(self._clock())
+        self._seen[address] = self._seen.pop(address, times)  # the latest last
+        while len(self._seen) > self._remembered:
+            del self._seen[next(iter(self._seen))]
+        return len(times) >= self._allowed
+
+    def _recent(self, address: str) -> collections.deque[float]:
+        times = self._seen.get(address) or collections.deque(maxlen=self._allowed)
+        while times and times[0] <= self._clock() - self._window:
+            times.popleft()
+        return times
+
+
 def http_app(
     bindings: list[Binding],
     key: str | None,
     redact: Redactor | None = None,
     guard: Guard | None = None,
     view_key: str | None = None,
+    named: Sequence[ServeKey] = (),
+    wrong_keys: WrongKeys | None = None,
 ) -> web.Application:
-    """``/api/<route>`` for each HTTP-triggered function, with function-key checks (and the
-    connection guard's bookkeeping, when there is one); ``view_key`` opens the functions that
-    only read (GET alone)."""
+    """``/api/<route>`` for each HTTP-triggered function, with key checks (and the connection
+    guard's bookkeeping, when there is one): ``key`` and the acting ones of ``named`` open every
+    function, ``view_key`` and the others of ``named`` the functions that only read (GET
+    alone); wrong keys are counted by address in ``wrong_keys``."""
     middlewares = [_json_errors] if guard is None else [guard.middleware, _json_errors]
     app = web.Application(client_max_size=1024 * 1024, middlewares=middlewares)
+    checks = _KeyChecks(KeyRing.of(key, view_key, named), wrong_keys or WrongKeys())
     for binding in bindings:
-        reads = [m.upper() for m in binding.trigger.get("methods") or []] == ["GET"]
-        keys = (key, view_key) if reads else (key,)
-        handler = _http_handler(binding, keys, redact or Redactor([]))
+        handler = _http_handler(binding, checks, redact or Redactor([]))
         for method in binding.trigger.get("methods") or ["GET", "POST"]:
             app.router.add_route(method.upper(), f"/api/{binding.trigger['route']}", handler)
     return app
+
+
+def _json(
+    body: Mapping[str, Any], status: int, headers: Mapping[str, str] | None = None
+) -> web.Response:
+    return web.json_response(body, status=status, headers={**JSON_HEADERS, **(headers or {})})
 
 
 @web.middleware
@@ -337,43 +451,112 @@ async def _json_errors(
         return await handler(request)
     except web.HTTPNotFound:
         error = f"no such route: {request.method} {request.path}"
-        return web.json_response({"error": error}, status=404)
+        return _json({"error": error}, 404)
     except web.HTTPMethodNotAllowed as exc:
         allowed = ", ".join(sorted(exc.allowed_methods))
         error = f"{request.method} is not allowed on {request.path}; use {allowed}"
-        return web.json_response({"error": error}, status=405, headers={"Allow": allowed})
+        return _json({"error": error}, 405, {"Allow": allowed})
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyChecks:
+    ring: KeyRing
+    wrong: WrongKeys
+
+    def check(self, request: web.Request, *, acts: bool) -> ServeKey | web.Response:
+        """The key a request came with, or the answer that refuses it."""
+        address = throttled_address(request)
+        wait = self.wrong.retry_after(address)
+        if wait:
+            seconds = str(math.ceil(wait))
+            error = f"too many wrong keys from this address: try again in {seconds} s"
+            return _json({"error": error}, 429, {"Retry-After": seconds})
+        given = request.headers.get("x-functions-key") or request.query.get("code") or ""
+        matched = self.ring.match(given)
+        if matched is not None and (matched.can_act or not acts):
+            return matched
+        if matched is not None:
+            return _json({"error": "this key may read, not act: use a key that acts"}, 401)
+        if given:
+            self._wrong(request, address)
+        return _json({"error": "a valid function key is required"}, 401)
+
+    def _wrong(self, request: web.Request, address: str) -> None:
+        waits = self.wrong.failed(address)
+        agent = request.headers.get("User-Agent", "")[:MAX_USER_AGENT_CHARS]
+        log_event(
+            logger,
+            logging.WARNING,
+            "outbox.wrong_key",
+            address=caller_address(request),
+            user_agent=agent or None,
+            route=f"{request.method} {request.path}",
+            throttled=True if waits else None,
+        )
+
+
+def caller_address(request: web.Request) -> str | None:
+    """Where a request says it comes from: the first of ``X-Forwarded-For``, else its peer."""
+    return forwarded_for(request.headers.get("X-Forwarded-For")) or request.remote
+
+
+def throttled_address(request: web.Request) -> str:
+    """The address wrong keys are counted by: the peer's, which the caller cannot choose;
+    behind a proxy (a peer on a private or loopback network) the address that proxy added last
+    to ``X-Forwarded-For``."""
+    peer = request.remote or ""
+    try:
+        local = ipaddress.ip_address(peer).is_private or ipaddress.ip_address(peer).is_loopback
+    except ValueError:
+        local = False
+    hops = [h.strip() for h in request.headers.get("X-Forwarded-For", "").split(",") if h.strip()]
+    return (forwarded_for(hops[-1]) or peer) if local and hops else peer
 
 
 def _http_handler(
-    binding: Binding, keys: tuple[str | None, ...], redact: Redactor
+    binding: Binding, checks: _KeyChecks, redact: Redactor
 ) -> Callable[[web.Request], Awaitable[web.Response]]:
     needs_key = binding.trigger.get("authLevel", "FUNCTION").upper() != "ANONYMOUS"
+    acts = [m.upper() for m in binding.trigger.get("methods") or []] != ["GET"]
 
     async def handle(request: web.Request) -> web.Response:
-        if needs_key and not any(_key_matches(request, key) for key in keys):
-            return web.json_response({"error": "a valid function key is required"}, status=401)
-        body = await request.read()
-        invocation = func.HttpRequest(
-            method=request.method,
-            url=str(request.url),
-            headers=dict(request.headers),
-            params=dict(request.query),
-            route_params=dict(request.match_info),
-            body=body,
-        )
+        checked = None
+        if needs_key:
+            found = checks.check(request, acts=acts)
+            if isinstance(found, web.Response):
+                return found
+            checked = CheckedKey(found.name, found.can_act, request.remote)
+        token = checked_key.set(checked)
         try:
-            response = await binding.function(invocation)
-        except Exception:  # noqa: BLE001 - a 500, and the traceback (redacted) in the log
-            logger.error("%s failed: %s", binding.name, redact(traceback.format_exc()))
-            return web.json_response({"error": "internal error"}, status=500)
-        return web.Response(
-            body=response.get_body(),
-            status=response.status_code,
-            headers={k: v for k, v in response.headers.items() if k.lower() != "content-length"},
-            content_type=response.mimetype,
-        )
+            return await _invoke(binding, request, redact)
+        finally:
+            checked_key.reset(token)
 
     return handle
+
+
+async def _invoke(binding: Binding, request: web.Request, redact: Redactor) -> web.Response:
+    """Call the function with the request as the worker hands it over."""
+    body = await request.read()
+    invocation = func.HttpRequest(
+        method=request.method,
+        url=str(request.url),
+        headers=dict(request.headers),
+        params=dict(request.query),
+        route_params=dict(request.match_info),
+        body=body,
+    )
+    try:
+        response = await binding.function(invocation)
+    except Exception:  # noqa: BLE001 - a 500, and the traceback (redacted) in the log
+        logger.error("%s failed: %s", binding.name, redact(traceback.format_exc()))
+        return _json({"error": "internal error"}, 500)
+    return web.Response(
+        body=response.get_body(),
+        status=response.status_code,
+        headers={k: v for k, v in response.headers.items() if k.lower() != "content-length"},
+        content_type=response.mimetype,
+    )
 
 
 def _key_matches(request: web.Request, key: str | None) -> bool:
@@ -393,6 +576,7 @@ class ServeOptions:
     app: str | None = None  # module:attribute; the relay's own functions by default
     max_connections: int | None = None  # by default a quarter of the descriptor limit
     view_key: str | None = None  # opens the functions that only read (OUTBOX_CONSOLE_VIEW_KEY)
+    keys: tuple[ServeKey, ...] = ()  # OUTBOX_CONSOLE_KEYS and OUTBOX_CONSOLE_VIEW_KEYS
 
 
 async def start_http(
@@ -407,7 +591,7 @@ async def start_http(
         return runner.server()
 
     guard = Guard(connection, max_connections=limit)
-    app = http_app(bindings, options.key, redact, guard, options.view_key)
+    app = http_app(bindings, options.key, redact, guard, options.view_key, options.keys)
     health.add_routes(app, lambda request: _key_matches(request, options.key))
     runner = web.AppRunner(
         app, access_log=None, shutdown_timeout=5, keepalive_timeout=KEEPALIVE_TIMEOUT_SECONDS
@@ -459,7 +643,7 @@ async def serve(
         options.host,
         options.port,
         "function key required"
-        if options.key
+        if options.key or options.keys
         else "no OUTBOX_FUNCTION_KEY: keyed routes answer 401",
         options.max_connections or default_max_connections(),
         type(asyncio.get_running_loop()).__module__.split(".")[0],

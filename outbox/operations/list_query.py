@@ -1,5 +1,6 @@
-"""What the console's message list and the ``list`` command are asked for (a query string, or
-the command's flags), validated in one place.
+"""What the console's lists are asked for, validated in one place: the message list and the
+``list`` command (a query string, or the command's flags), and the record of actions (its
+query string).
 
 A query string's values are all text; each is checked here and a bad one is a
 ``BadRequestError`` that names the parameter (in the front end's words: ``status`` for the
@@ -8,6 +9,9 @@ HTTP API, ``--status`` for the command).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,6 +40,12 @@ MESSAGE_FLAGS: Mapping[str, str] = {
     name: "--" + name.replace("_", "-") for name in MESSAGE_PARAMETERS
 }
 PARAMETER_NAMES: Mapping[str, str] = {name: name for name in MESSAGE_PARAMETERS}
+
+# The record of actions: its page size, parameters and the actions it may be filtered by.
+DEFAULT_ACTIONS = 50
+MAX_ACTIONS = 500
+ACTION_PARAMETERS = ("limit", "before", "actor", "action", "since", "until")
+ACTION_NAMES = ("cancel", "drain", "pause", "probe", "replay", "requeue", "resend", "resume")
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,14 +136,85 @@ def _cursor(name: str, value: str | None) -> tuple[datetime, UUID] | None:
         return None
     moment, _, identifier = value.rpartition("_")
     try:
-        return datetime.fromisoformat(moment), UUID(identifier)
+        return _cursor_time(moment), UUID(identifier)
     except ValueError:
         raise BadRequestError(f"{name} must be the cursor a previous page gave") from None
 
 
-def _limit(name: str, value: str | None) -> int:
+def _cursor_time(text: str) -> datetime:
+    """A cursor's time: with an offset and, in UTC, within the years 1 to 9999 (what the driver
+    sends), a ValueError otherwise (``0001-01-01T00:00:00+14:00`` is a year 0 in UTC)."""
+    moment = datetime.fromisoformat(text)
+    if moment.tzinfo is None:
+        raise ValueError("no offset")
+    try:
+        moment.astimezone(UTC)
+    except OverflowError:
+        raise ValueError("out of range") from None
+    return moment
+
+
+def _limit(name: str, value: str | None, most: int = MAX_PAGE_SIZE, default: int = 0) -> int:
     if value is None:
-        return DEFAULT_PAGE_SIZE
-    if not value.isdigit() or not 1 <= int(value) <= MAX_PAGE_SIZE:
-        raise BadRequestError(f"{name} must be a whole number from 1 to {MAX_PAGE_SIZE}")
+        return default or DEFAULT_PAGE_SIZE
+    if not value.isascii() or not value.isdigit() or not 1 <= int(value) <= most:
+        raise BadRequestError(f"{name} must be a whole number from 1 to {most}")
     return int(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ActionQuery:
+    """One page of the record of actions, newest first: every filter given must match;
+    ``before`` continues a list."""
+
+    limit: int = DEFAULT_ACTIONS
+    before: tuple[datetime, str] | None = None
+    actor: str | None = None
+    action: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def parse_action_query(given: Mapping[str, str | None]) -> ActionQuery:
+    """``given`` (parameter → text) as an ``ActionQuery``; a bad parameter is named."""
+    values = {name: value for name, value in given.items() if value not in (None, "")}
+    unknown = sorted(set(values) - set(ACTION_PARAMETERS))
+    if unknown:
+        raise BadRequestError(f"unknown parameter(s): {', '.join(unknown)}")
+    texts = {name: _text(name, values.get(name)) for name in ACTION_PARAMETERS}
+    action = texts["action"]
+    if action is not None and action not in ACTION_NAMES:
+        raise BadRequestError(f"action must be one of {', '.join(ACTION_NAMES)}")
+    since, until = _time("since", texts["since"]), _time("until", texts["until"])
+    if since and until and since >= until:
+        raise BadRequestError("since must be earlier than until")
+    return ActionQuery(
+        limit=_limit("limit", texts["limit"], MAX_ACTIONS, DEFAULT_ACTIONS),
+        before=_action_cursor("before", values.get("before")),
+        actor=texts["actor"],
+        action=action,
+        since=since,
+        until=until,
+    )
+
+
+def action_cursor(created_at: datetime, action_id: str) -> str:
+    """The ``before`` of the page that follows an action (opaque: base64url of its keys)."""
+    keys = json.dumps([created_at.astimezone(UTC).isoformat(), action_id])
+    return base64.urlsafe_b64encode(keys.encode()).decode().rstrip("=")
+
+
+def _action_cursor(name: str, value: str | None) -> tuple[datetime, str] | None:
+    if value is None:
+        return None
+    wrong = f"{name} must be the cursor a previous page gave (its next)"
+    try:
+        keys = json.loads(base64.urlsafe_b64decode(value + "=" * (-len(value) % 4)))
+    except (binascii.Error, ValueError, RecursionError):
+        raise BadRequestError(wrong) from None
+    if not (isinstance(keys, list) and len(keys) == 2 and all(isinstance(k, str) for k in keys)):
+        raise BadRequestError(wrong)
+    try:
+        return _cursor_time(keys[0]), _text(name, keys[1]) or ""
+    except ValueError:
+        raise BadRequestError(wrong) from None

@@ -3,12 +3,27 @@
 -- runs them through the store's execution helpers). Values are always bound parameters.
 
 -- backlog_status --
--- Health of the backlog: counts by status and the ages an on-call engineer alerts on. Processed
--- rows are counted up to $1 (NULL: all of them; the console counts a bounded number, then
--- estimates from the table's row estimate, estimated_rows, which VACUUM and ANALYZE keep).
+-- Health of the backlog: counts by status and the ages an on-call engineer alerts on. The
+-- backlog's own figures (Pending and Processing counted, the oldest due and oldest unpublished,
+-- the expired leases) come from one read of its rows, not one each: in an incident it is most of
+-- the table. Processed rows are counted up to $1 (NULL: all of them; the console counts a bounded
+-- number, then estimates from the table's row estimate, estimated_rows, which VACUUM and ANALYZE
+-- keep).
+WITH backlog AS (
+    SELECT count(*) FILTER (WHERE status = 'Pending') AS pending,
+           count(*) FILTER (WHERE status = 'Processing') AS processing,
+           min(created_at) FILTER (WHERE status = 'Pending' AND next_attempt_at <= now())
+               AS oldest_due_pending,
+           min(created_at) AS oldest_unpublished,
+           count(*) FILTER (WHERE status = 'Processing'
+                              AND (lease_expires_at IS NULL OR lease_expires_at <= now()))
+               AS expired_leases
+    FROM outbox_messages
+    WHERE status IN ('Pending', 'Processing')
+)
 SELECT
-    (SELECT count(*) FROM outbox_messages WHERE status = 'Pending') AS pending,
-    (SELECT count(*) FROM outbox_messages WHERE status = 'Processing') AS processing,
+    b.pending,
+    b.processing,
     (SELECT count(*)
        FROM (SELECT 1 FROM outbox_messages WHERE status = 'Processed' LIMIT $1::bigint) AS p
     ) AS processed,
@@ -18,26 +33,20 @@ SELECT
          OR c.oid IN (SELECT inhrelid FROM pg_inherits
                       WHERE inhparent = to_regclass('outbox_messages'))) AS estimated_rows,
     (SELECT count(*) FROM outbox_messages WHERE status = 'Failed') AS failed,
-    (SELECT extract(epoch FROM now() - min(created_at))::float8
-       FROM outbox_messages
-      WHERE status = 'Pending' AND next_attempt_at <= now()) AS oldest_due_pending_age_seconds,
-    (SELECT extract(epoch FROM now() - min(created_at))::float8
-       FROM outbox_messages
-      WHERE status IN ('Pending', 'Processing')) AS oldest_unpublished_age_seconds,
+    extract(epoch FROM now() - b.oldest_due_pending)::float8 AS oldest_due_pending_age_seconds,
+    extract(epoch FROM now() - b.oldest_unpublished)::float8 AS oldest_unpublished_age_seconds,
     (SELECT extract(epoch FROM now() - min(created_at))::float8
        FROM outbox_messages
       WHERE status = 'Failed') AS oldest_failed_age_seconds,
-    (SELECT count(*)
-       FROM outbox_messages
-      WHERE status = 'Processing'
-        AND (lease_expires_at IS NULL OR lease_expires_at <= now())) AS expired_leases,
+    b.expired_leases,
     (SELECT count(*)
        FROM outbox_messages
       WHERE next_attempt_at = 'infinity' AND ordering_key IS NOT NULL) AS held_back,
     -- The layout: only the partitioned one is described further (partitions.describe).
     COALESCE((SELECT relkind = 'p' FROM pg_class
                WHERE oid = to_regclass('outbox_messages')), false) AS partitioned,
-    extract(epoch FROM clock_timestamp())::float8 AS database_now;
+    extract(epoch FROM clock_timestamp())::float8 AS database_now
+FROM backlog AS b;
 
 -- plan_on_indexes --
 -- For the transaction of one requeue batch: planned on its indexes alone
@@ -334,31 +343,56 @@ LEFT JOIN counted AS c USING (minute)
 ORDER BY m.minute;
 
 -- console_failure_reasons --
--- The latest $1 Failed messages (outbox_messages_failed_order_idx) grouped by the head of their
--- last_error ("HTTP 503", "no endpoint configured for event type 'X'", "gave up after 3
--- attempts: HTTP 500"): each reason with its count and one message's id, most frequent first
+-- The latest $1 Failed messages (outbox_messages_failed_order_idx) grouped by their last_error
+-- with what varies from one message to the next normalised, the cause kept whole: ids become
+-- <id>, hex <hex>, quoted values '…' ("…"), numbers <n> but an HTTP status ("HTTP 503: upstream
+-- <n>.<n>.<n>.<n> timed out after <n> ms", "shipping: gave up after <n> attempts: HTTP 500",
+-- "no endpoint configured for event type '…' (set OUTBOX_WEBHOOKS)"); each reason with its
+-- count and its event types, most frequent first. Each text is normalised once, however many
+-- messages failed with it (the regular expressions, once a message, were most of the
+-- overview's time over 10,000 failures).
 WITH latest AS (
-    SELECT outbox_message_id, event_type,
-           btrim(regexp_replace(left(COALESCE(last_error, '(no error recorded)'), 200),
-                                '^((gave up after [0-9]+ attempts: )?[^:(]*).*$', '\1')) AS reason
+    SELECT event_type, left(COALESCE(last_error, '(no error recorded)'), 400) AS error
     FROM outbox_messages
     WHERE status = 'Failed'
     ORDER BY created_at DESC, outbox_message_id DESC
     LIMIT $1
+),
+errors AS (
+    SELECT error, event_type, count(*) AS messages
+    FROM latest
+    GROUP BY error, event_type
+),
+reasons AS (
+    SELECT event_type, messages,
+           left(btrim(
+               regexp_replace(
+               regexp_replace(
+               regexp_replace(
+               regexp_replace(
+               regexp_replace(error,
+                   '[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}',
+                   '<id>', 'g'),
+                   '(^|[^[:alnum:]])''[^'']*''(?![[:alnum:]])', '\1''…''', 'g'),
+                   '"[^"]*"', '"…"', 'g'),
+                   '\m(0x[0-9A-Fa-f]+|(?=[0-9]*[A-Fa-f])[0-9A-Fa-f]{8,})\M', '<hex>', 'g'),
+                   '(?<!HTTP )(?<![[:alnum:]_])[0-9]+', '<n>', 'g')), 200) AS reason
+    FROM errors
 )
-SELECT reason, count(*) AS messages, array_agg(DISTINCT event_type) AS event_types
-FROM latest
+SELECT reason, sum(messages)::bigint AS messages, array_agg(DISTINCT event_type) AS event_types
+FROM reasons
 GROUP BY reason
-ORDER BY count(*) DESC, reason
+ORDER BY sum(messages) DESC, reason
 LIMIT 20;
 
 -- console_held_keys --
--- Ordering keys with messages parked behind an earlier one (next_attempt_at = 'infinity', read
--- from outbox_messages_due_idx), the most held first, at most 20
+-- Ordering keys with messages parked behind an earlier one (next_attempt_at = 'infinity': only a
+-- Pending row is parked, as backlog_status's held_back counts them), the most held first, at most
+-- 20. Read from outbox_messages_held_idx alone, in key order: no row of the table is visited for
+-- its status, however many are parked.
 SELECT ordering_key, count(*) AS held
 FROM outbox_messages
-WHERE status IN ('Pending', 'Processing')
-  AND next_attempt_at = 'infinity'
+WHERE next_attempt_at = 'infinity'
   AND ordering_key IS NOT NULL
 GROUP BY ordering_key
 ORDER BY count(*) DESC, ordering_key
@@ -401,15 +435,20 @@ SELECT (SELECT count(*) FROM resumed) > 0 AS resumed, (SELECT count(*) FROM due)
 
 -- claim_action --
 -- Record action $1 (its client-chosen id) before doing it: $2 what, $3 its filter, $4 whether a
--- dry run, $5 the key's identity. A row back: this one does it; none: it was taken already.
-INSERT INTO outbox_console_actions (action_id, action, filter, dry_run, actor)
-VALUES ($1, $2, $3::jsonb, $4, $5)
+-- dry run, $5 who (a key's name, a principal's, "function key", "cli"), $6 the address and $7
+-- the user agent they came with. A row back: this one does it; none: it was taken already.
+INSERT INTO outbox_console_actions
+    (action_id, action, filter, dry_run, actor, address, user_agent)
+VALUES ($1, $2, $3::jsonb, $4, $5, $6, $7)
 ON CONFLICT (action_id) DO NOTHING
 RETURNING created_at;
 
 -- finish_action --
--- Action $1 done: how many rows it touched ($2) and its result ($3)
-UPDATE outbox_console_actions SET affected = $2, result = $3::jsonb WHERE action_id = $1;
+-- Action $1's progress or, with $4, its end: how many rows it touched ($2) and its result ($3)
+UPDATE outbox_console_actions
+SET affected = $2, result = $3::jsonb,
+    finished_at = CASE WHEN $4::bool THEN now() ELSE finished_at END
+WHERE action_id = $1;
 
 -- start_action --
 -- Action $1's first progress ($2), unless it has some: a requeue in batches recorded by a call
@@ -443,11 +482,18 @@ FROM outbox_console_actions
 WHERE action_id = $1;
 
 -- list_actions --
--- The latest $1 recorded actions, newest first
-SELECT action_id, action, filter::text AS filter, affected, dry_run, actor, created_at,
-       result::text AS result
+-- One page of the recorded actions, newest first, keyset-paged on (created_at, action_id): at
+-- most $1, after the last row ($2, $3) of the page before (NULL: from the newest), of actor $4
+-- and action $5 (each when given), created in [$6, $7)
+SELECT action_id, action, filter::text AS filter, affected, dry_run, actor, address,
+       user_agent, created_at, finished_at, result::text AS result
 FROM outbox_console_actions
-ORDER BY created_at DESC, action_id
+WHERE ($2::timestamptz IS NULL OR (created_at, action_id) < ($2::timestamptz, $3::text))
+  AND ($4::text IS NULL OR actor = $4::text)
+  AND ($5::text IS NULL OR action = $5::text)
+  AND ($6::timestamptz IS NULL OR created_at >= $6::timestamptz)
+  AND ($7::timestamptz IS NULL OR created_at < $7::timestamptz)
+ORDER BY created_at DESC, action_id DESC
 LIMIT $1;
 
 -- resend_processed --
@@ -472,6 +518,198 @@ SET status = 'Pending',
     END
 WHERE outbox_message_id = $1 AND status = 'Processed'
 RETURNING outbox_message_id;
+
+-- message_states --
+-- The status and event type of each of messages $1 that exists (an action checks its ids)
+SELECT outbox_message_id, status, event_type
+FROM outbox_messages
+WHERE outbox_message_id = ANY ($1::uuid[]);
+
+-- cancel_pending --
+-- Cancel message $1 if it is Pending (never one a relay is delivering): Failed, last_error $2;
+-- the endpoints still owed it fail with the same error, those that got it stay Processed. One
+-- parked behind its ordering key is parked no more (a Failed row waits for nothing). Returns the
+-- row when it was Pending.
+UPDATE outbox_messages
+SET status = 'Failed',
+    last_error = $2::text,
+    lease_expires_at = NULL,
+    next_attempt_at = CASE WHEN next_attempt_at = 'infinity' THEN now()
+                           ELSE next_attempt_at END,
+    endpoint_state = (
+        SELECT jsonb_object_agg(
+                   e.name,
+                   CASE WHEN e.state ->> 'status' = 'Pending'
+                        THEN e.state || jsonb_build_object('status', 'Failed', 'error', $2::text)
+                        ELSE e.state END)
+        FROM jsonb_each(endpoint_state) AS e(name, state))
+WHERE outbox_message_id = $1 AND status = 'Pending'
+RETURNING outbox_message_id;
+
+-- release_after_cancel --
+-- Under OUTBOX_ORDERING_ON_FAILURE=release, after messages $1 were cancelled: the first parked
+-- message of each of their ordering keys goes, due now, when nothing unfinished comes before it
+-- (as the outcome write lets the next one go after a failure). Returns those let go.
+WITH keys AS (
+    SELECT DISTINCT ordering_key
+    FROM outbox_messages
+    WHERE outbox_message_id = ANY ($1::uuid[]) AND ordering_key IS NOT NULL
+),
+first_held AS (
+    SELECT f.outbox_message_id, f.ordering_key, f.ordering_seq
+    FROM keys AS k
+    CROSS JOIN LATERAL (
+        SELECT p.outbox_message_id, p.ordering_key, p.ordering_seq
+        FROM outbox_messages AS p
+        WHERE p.next_attempt_at = 'infinity' AND p.ordering_key = k.ordering_key
+        ORDER BY p.ordering_seq
+        LIMIT 1
+    ) AS f
+)
+UPDATE outbox_messages AS m
+SET next_attempt_at = now()
+FROM first_held AS f
+WHERE m.outbox_message_id = f.outbox_message_id
+  AND m.status = 'Pending'
+  AND m.next_attempt_at = 'infinity'
+  AND NOT EXISTS (
+        SELECT 1
+        FROM outbox_messages AS e
+        WHERE e.ordering_key = f.ordering_key
+          AND e.ordering_seq < f.ordering_seq
+          AND e.status IN ('Pending', 'Processing'))
+RETURNING m.outbox_message_id;
+
+-- held_behind --
+-- The message that holds Pending message $1 back: the first message of its ordering key before
+-- it that is not Processed (nor Failed, unless $2: OUTBOX_ORDERING_ON_FAILURE=hold), read from
+-- outbox_messages_ordering_idx. No row: nothing holds it.
+SELECT h.outbox_message_id
+FROM outbox_messages AS m
+CROSS JOIN LATERAL (
+    SELECT e.outbox_message_id
+    FROM outbox_messages AS e
+    WHERE e.ordering_key = m.ordering_key
+      AND e.ordering_seq < m.ordering_seq
+      AND e.status <> 'Processed'
+      AND (e.status <> 'Failed' OR $2::bool)
+    ORDER BY e.ordering_seq
+    LIMIT 1
+) AS h
+WHERE m.outbox_message_id = $1 AND m.status = 'Pending' AND m.ordering_key IS NOT NULL;
+
+-- show_payload --
+-- Message $1's payload as the database writes it (JSON text): the console's download
+SELECT payload::text AS payload FROM outbox_messages WHERE outbox_message_id = $1;
+
+-- replay_plan --
+-- What a replay would send again: of the Processed messages created in [$1, $2), of event type
+-- $3 and of one of the event types $4 (each when given: $4 an endpoint's), how many (counted up
+-- to $5) and the first $6 ids, in (created_at, id) order (outbox_messages_processed_order_idx)
+WITH matching AS (
+    SELECT outbox_message_id, created_at
+    FROM outbox_messages
+    WHERE status = 'Processed'
+      AND created_at >= $1::timestamptz AND created_at < $2::timestamptz
+      AND ($3::text IS NULL OR event_type = $3::text)
+      AND ($4::text[] IS NULL OR event_type = ANY ($4::text[]))
+    ORDER BY created_at, outbox_message_id
+    LIMIT $5
+)
+SELECT (SELECT count(*) FROM matching) AS total,
+       ARRAY(SELECT outbox_message_id FROM matching
+             ORDER BY created_at, outbox_message_id LIMIT $6) AS sample;
+
+-- replay_batch --
+-- One batch of a replay: the Processed messages $1…$4 select (as in replay_plan) after ($5, $6),
+-- the last row of the batch before (NULL: from the first), at most $7 in (created_at, id) order,
+-- sent again as resend_processed does (due now, a fresh attempt budget, the same id): to every
+-- endpoint ($8 NULL), or to endpoint $8 alone, the others of its event type ($9: each event
+-- type's configured names) kept as Processed. Returns how many it read and resent, and the last
+-- row it read, where the next batch goes on.
+WITH batch AS (
+    SELECT outbox_message_id, created_at
+    FROM outbox_messages
+    WHERE status = 'Processed'
+      AND created_at >= $1::timestamptz AND created_at < $2::timestamptz
+      AND ($3::text IS NULL OR event_type = $3::text)
+      AND ($4::text[] IS NULL OR event_type = ANY ($4::text[]))
+      AND (created_at, outbox_message_id)
+          > (COALESCE($5::timestamptz, '-infinity'),
+             COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'))
+    ORDER BY created_at, outbox_message_id
+    LIMIT $7
+    FOR UPDATE
+),
+resent AS (
+    UPDATE outbox_messages AS m
+    SET status = 'Pending',
+        next_attempt_at = now(),
+        attempt_count = 0,
+        lease_expires_at = NULL,
+        processed_at = NULL,
+        endpoint_state = CASE
+            WHEN $8::text IS NULL THEN NULL
+            ELSE (SELECT jsonb_object_agg(
+                             name,
+                             jsonb_build_object(
+                                 'status', CASE WHEN name = $8::text THEN 'Pending'
+                                                ELSE 'Processed' END,
+                                 'attempts', 0))
+                  FROM jsonb_array_elements_text($9::jsonb -> m.event_type) AS names(name))
+        END
+    FROM batch
+    WHERE m.outbox_message_id = batch.outbox_message_id
+      AND m.created_at = batch.created_at
+      AND m.status = 'Processed'
+    RETURNING m.outbox_message_id
+)
+SELECT (SELECT count(*) FROM batch) AS read, (SELECT count(*) FROM resent) AS resent,
+       last.created_at, last.outbox_message_id
+FROM (SELECT 1) AS one
+LEFT JOIN LATERAL (
+    SELECT created_at, outbox_message_id
+    FROM batch
+    ORDER BY created_at DESC, outbox_message_id DESC
+    LIMIT 1
+) AS last ON true;
+
+-- breaker_is_open --
+-- Whether endpoint ($1, $2)'s breaker is open: cooling down, or past it and not yet closed by
+-- an answer
+SELECT EXISTS (
+    SELECT 1 FROM outbox_endpoints
+    WHERE event_type = $1 AND endpoint = $2 AND reopen_at IS NOT NULL);
+
+-- probe_endpoint --
+-- Endpoint ($1, $2)'s breaker due for its probe now (its cool-down over and no probe claimed:
+-- the next delivery there claims it, and an answer closes it), and its messages waiting for it
+-- (Pending, deferred, not parked behind a key, its own delivery still to make) due now. Returns
+-- whether it had an open breaker and how many messages were made due.
+WITH probed AS (
+    UPDATE outbox_endpoints
+    SET reopen_at = now(), probe_until = NULL, updated_at = now()
+    WHERE event_type = $1 AND endpoint = $2 AND reopen_at IS NOT NULL
+    RETURNING event_type
+),
+due AS (
+    UPDATE outbox_messages AS m
+    SET next_attempt_at = now()
+    FROM probed
+    WHERE m.event_type = probed.event_type
+      AND m.status = 'Pending'
+      AND m.next_attempt_at > now()
+      AND m.next_attempt_at < 'infinity'
+      AND COALESCE(m.endpoint_state -> $2::text ->> 'status', 'Pending') = 'Pending'
+    RETURNING m.outbox_message_id
+)
+SELECT (SELECT count(*) FROM probed) > 0 AS probed, (SELECT count(*) FROM due) AS due;
+
+-- endpoint_breakers --
+-- Every endpoint's breaker row: the failures counted since its last success, since when and
+-- until when it is open (NULL: closed), for the console's endpoints
+SELECT event_type, endpoint, consecutive_failures, opened_at, reopen_at
+FROM outbox_endpoints;
 
 -- resend_started --
 -- When message $1 was first resent from the console (NULL: never), to mark its later attempts

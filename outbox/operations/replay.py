@@ -151,6 +151,11 @@ async def requeue_failed_step(
             "after": last,
         }
         await sql.execute(
-            connection, "finish_action", action_id, progress["requeued"], json.dumps(progress)
+            connection,
+            "finish_action",
+            action_id,
+            progress["requeued"],
+            json.dumps(progress),
+            progress["done"],
         )
     return RequeueStep(rows, progress)

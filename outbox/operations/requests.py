@@ -1,7 +1,7 @@
-"""What the operations endpoints and commands are asked for, validated in one place: requeue and
-drain (``RequeueRequest``, ``DrainRequest``), the console's actions (``action_body``,
-``resend_body``) and the endpoint an action names (``key_of``). The message list's query string
-is ``list_query``'s.
+"""What the operations endpoints and commands are asked for, validated in one place: requeue,
+replay and drain (``RequeueRequest``, ``ReplayRequest``, ``DrainRequest``), the console's actions
+(``action_body``, ``resend_body``, ``cancel_body``) and the endpoint an action names
+(``key_of``). The lists' query strings are ``list_query``'s.
 
 The HTTP functions read these from JSON bodies and query strings, the commands from their
 flags. Strict: only JSON's own types are accepted (``"yes"`` is not a boolean, ``5`` not a time),
@@ -28,9 +28,15 @@ from pydantic import (
     model_validator,
 )
 
-from outbox.core.errors import BadRequestError
+from outbox.core.errors import BadRequestError, NotFoundError
 
 HTTP_MAX_BUDGET_SECONDS = 120.0
+# A cancel's reason, kept in each message's last_error.
+MAX_REASON_CHARS = 200
+MAX_ACTION_ID_CHARS = 100
+TOO_LONG_ID = f"must be at most {MAX_ACTION_ID_CHARS} characters"
+# Names an error lists at most, of those configured.
+NAMED_CONFIGURED = 20
 # The most Failed rows one call of a requeue in batches sets back to Pending.
 MAX_REQUEUE_BATCH = 10_000
 
@@ -47,6 +53,7 @@ MUST_BE = {
     "error": "must be a non-empty string",
     "action_id": "must be a non-empty string",
     "batch_size": f"must be a whole number from 1 to {MAX_REQUEUE_BATCH}",
+    "reason": f"must be a non-empty string of at most {MAX_REASON_CHARS} characters",
 }
 # A body's fields are named as they are written.
 FIELD_NAMES: Mapping[str, str] = {name: name for name in MUST_BE}
@@ -63,6 +70,7 @@ FLAG_NAMES: Mapping[str, str] = {
     "error": "--error",
     "action_id": "--action-id",
     "batch_size": "--batch-size",
+    "reason": "--reason",
 }
 
 
@@ -164,14 +172,7 @@ class RequeueRequest(_Request):
     @classmethod
     def _storable(cls, value: str | None) -> str | None:
         # A bad request, not a database error: text PostgreSQL cannot hold.
-        if value is not None and "\x00" in value:
-            raise ValueError("contains a NUL character (\\u0000)")
-        if value is not None:
-            try:
-                value.encode()
-            except UnicodeEncodeError:
-                raise ValueError("is not valid UTF-8 text (it holds a lone surrogate)") from None
-        return value
+        return _storable(value)
 
     @field_validator("batch_size")
     @classmethod
@@ -183,6 +184,8 @@ class RequeueRequest(_Request):
     @model_validator(mode="after")
     def _clear(self, info: ValidationInfo) -> Self:
         names = _names(info)
+        if self.action_id is not None and len(self.action_id) > MAX_ACTION_ID_CHARS:
+            raise ValueError(f"{names['action_id']} {TOO_LONG_ID}")
         if self.batch_size is not None and self.action_id is None and not self.dry_run:
             raise ValueError(
                 f"{names['batch_size']} needs {names['action_id']}: each batch goes on from "
@@ -206,26 +209,71 @@ class RequeueRequest(_Request):
                 f"{names['created_from']}/{names['created_to']}, "
                 f"or {names['all_failed']} (but not both)"
             )
-        self._check_times(names)
+        check_times(self.created_from, self.created_to, names)
         return self
 
-    def _check_times(self, names: Mapping[str, str]) -> None:
-        # Offsets first: a naive and an aware time cannot even be compared.
-        for field in ("created_from", "created_to"):
-            value: datetime | None = getattr(self, field)
-            if value is None:
-                continue
-            if value.tzinfo is None:
-                raise ValueError("times need a UTC offset, e.g. 2026-01-02T00:00:00Z")
-            try:
-                value.astimezone(UTC)  # what the driver sends; it must stay a valid datetime
-            except OverflowError:
-                raise ValueError(
-                    f"{names[field]} is out of range: in UTC it must fall within the years "
-                    "1 to 9999"
-                ) from None
-        if self.created_from and self.created_to and self.created_from >= self.created_to:
-            raise ValueError(f"{names['created_from']} must be earlier than {names['created_to']}")
+
+def check_times(
+    created_from: datetime | None, created_to: datetime | None, names: Mapping[str, str]
+) -> None:
+    """A ValueError unless each time given has an offset, is in range in UTC, and ``from`` comes
+    before ``to`` (worded by ``names``)."""
+    # Offsets first: a naive and an aware time cannot even be compared.
+    for field, value in (("created_from", created_from), ("created_to", created_to)):
+        if value is None:
+            continue
+        if value.tzinfo is None:
+            raise ValueError("times need a UTC offset, e.g. 2026-01-02T00:00:00Z")
+        try:
+            value.astimezone(UTC)  # what the driver sends; it must stay a valid datetime
+        except OverflowError:
+            raise ValueError(
+                f"{names[field]} is out of range: in UTC it must fall within the years 1 to 9999"
+            ) from None
+    if created_from and created_to and created_from >= created_to:
+        raise ValueError(f"{names['created_from']} must be earlier than {names['created_to']}")
+
+
+def _storable(value: str | None) -> str | None:
+    """``value`` unless PostgreSQL cannot hold it as text (a bad request, not a database error)."""
+    if value is not None and "\x00" in value:
+        raise ValueError("contains a NUL character (\\u0000)")
+    if value is not None:
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ValueError("is not valid UTF-8 text (it holds a lone surrogate)") from None
+    return value
+
+
+class ReplayRequest(_Request):
+    """Which Processed messages to send again: those created in the window [``created_from``,
+    ``created_to``) (required), of ``event_type`` and for ``endpoint`` alone (each when given)."""
+
+    event_type: Text = None
+    endpoint: Text = None
+    created_from: Time = None
+    created_to: Time = None
+    dry_run: bool = False
+    action_id: Text = None
+
+    @field_validator("event_type", "endpoint", "action_id")
+    @classmethod
+    def _text_fields(cls, value: str | None) -> str | None:
+        return _storable(value)
+
+    @model_validator(mode="after")
+    def _window(self, info: ValidationInfo) -> Self:
+        names = _names(info)
+        if self.created_from is None or self.created_to is None:
+            raise ValueError(
+                f"{names['created_from']} and {names['created_to']} are required: the window "
+                "of creation times whose Processed messages are sent again"
+            )
+        if self.action_id is not None and len(self.action_id) > MAX_ACTION_ID_CHARS:
+            raise ValueError(f"{names['action_id']} {TOO_LONG_ID}")
+        check_times(self.created_from, self.created_to, names)
+        return self
 
 
 class DrainRequest(_Request):
@@ -287,9 +335,10 @@ def _names(info: ValidationInfo) -> Mapping[str, str]:
 
 # Each event type's endpoint names, as configured (``Settings.endpoint_names``).
 Endpoints = Mapping[str, Sequence[str]]
-# The fields of the console's action bodies (pause, resume; resend).
+# The fields of the console's action bodies (pause, resume, probe; resend; cancel).
 ACTION_FIELDS = frozenset({"event_type", "endpoint", "action_id"})
-RESEND_FIELDS = frozenset({"message_ids", "endpoint", "action_id"})
+RESEND_FIELDS = frozenset({"message_ids", "endpoint", "action_id", "dry_run"})
+CANCEL_FIELDS = frozenset({"message_ids", "reason", "action_id", "dry_run"})
 
 
 def action_body(data: Mapping[str, Any], fields: frozenset[str] = ACTION_FIELDS) -> dict[str, Any]:
@@ -299,38 +348,92 @@ def action_body(data: Mapping[str, Any], fields: frozenset[str] = ACTION_FIELDS)
     if unknown:
         raise BadRequestError(f"unknown field(s) in the body: {', '.join(unknown)}")
     action_id = data.get("action_id")
-    if action_id is not None and (not isinstance(action_id, str) or not 0 < len(action_id) <= 100):
-        raise BadRequestError("action_id must be a string of 1 to 100 characters")
+    if action_id is not None and (
+        not isinstance(action_id, str) or not 0 < len(action_id) <= MAX_ACTION_ID_CHARS
+    ):
+        raise BadRequestError(
+            f"action_id must be a string of 1 to {MAX_ACTION_ID_CHARS} characters"
+        )
+    if action_id is not None:
+        _text_field("action_id", action_id)
+    dry_run = data.get("dry_run", False)
+    if not isinstance(dry_run, bool):
+        raise BadRequestError(f"dry_run {MUST_BE['dry_run']}")
     return dict(data)
+
+
+def message_ids_of(data: Mapping[str, Any]) -> list[UUID]:
+    """The body's ``message_ids``: a non-empty list of message ids, each a UUID's text."""
+    given = data.get("message_ids")
+    wrong = f"message_ids {MUST_BE['message_ids']}"
+    if not isinstance(given, list) or not given or not all(isinstance(i, str) for i in given):
+        raise BadRequestError(wrong)
+    try:
+        return [UUID(i) for i in given]
+    except ValueError:
+        raise BadRequestError(wrong) from None
 
 
 def resend_body(data: Mapping[str, Any]) -> tuple[list[UUID], str | None]:
     """A resend's message ids and endpoint (None: every endpoint), from its body's fields."""
-    given = data.get("message_ids")
-    wrong = f"message_ids {MUST_BE['message_ids']}"
-    if not isinstance(given, list) or not all(isinstance(i, str) for i in given):
-        raise BadRequestError(wrong)
-    try:
-        ids = [UUID(i) for i in given]
-    except ValueError:
-        raise BadRequestError(wrong) from None
+    ids = message_ids_of(data)
     endpoint = data.get("endpoint")
     if endpoint is not None and (not isinstance(endpoint, str) or not endpoint):
         raise BadRequestError("endpoint must be an endpoint's name")
+    if endpoint is not None:
+        _text_field("endpoint", endpoint)
     return ids, endpoint
 
 
+def cancel_body(data: Mapping[str, Any]) -> tuple[list[UUID], str]:
+    """A cancel's message ids and reason, from its body's fields."""
+    return message_ids_of(data), cancel_reason(data.get("reason"))
+
+
+def cancel_reason(reason: Any, name: str = "reason") -> str:
+    """Why messages are cancelled (kept in their last_error): 1 to ``MAX_REASON_CHARS``
+    characters of text, ``name`` naming the field or flag in an error."""
+    if not isinstance(reason, str) or not reason.strip() or len(reason) > MAX_REASON_CHARS:
+        raise BadRequestError(f"{name} {MUST_BE['reason']}: why they are cancelled")
+    _text_field(name, reason)
+    return reason.strip()
+
+
+def _text_field(name: str, value: str) -> None:
+    try:
+        _storable(value)
+    except ValueError as exc:
+        raise BadRequestError(f"{name} {exc}") from None
+
+
 def key_of(endpoints: Endpoints, event_type: Any, endpoint: Any) -> tuple[str, str]:
-    """The (event type, endpoint) an action names, checked against the configuration."""
+    """The (event type, endpoint) an action names, checked against the configuration: one that
+    is not configured is a ``NotFoundError`` that lists those that are."""
     if not isinstance(event_type, str) or not event_type:
         raise BadRequestError("event_type must be an event type")
-    configured = endpoints.get(event_type, ())
+    if endpoint is not None and (not isinstance(endpoint, str) or not endpoint):
+        raise BadRequestError("endpoint must be an endpoint's name")
+    configured = endpoints.get(event_type)
+    if not configured:
+        raise NotFoundError(
+            f"no endpoint of event type {event_type!r} "
+            f"(configured: {_listed(list(endpoints)) or 'none'})"
+        )
     if endpoint is None and len(configured) == 1:
         return event_type, configured[0]  # an event type's only endpoint needs no name
-    if not isinstance(endpoint, str) or not endpoint:
-        raise BadRequestError("endpoint must be an endpoint's name")
-    if endpoint not in endpoints.get(event_type, ()):
+    if endpoint is None:
         raise BadRequestError(
-            f"endpoint {endpoint!r} is not configured for event type {event_type!r}"
+            f"endpoint must be one of {_listed(configured)} (event type {event_type!r} has several)"
+        )
+    if endpoint not in configured:
+        raise NotFoundError(
+            f"no endpoint {endpoint!r} of event type {event_type!r} "
+            f"(configured: {_listed(configured)})"
         )
     return event_type, endpoint
+
+
+def _listed(names: Sequence[str]) -> str:
+    shown = ", ".join(names[:NAMED_CONFIGURED])
+    more = len(names) - NAMED_CONFIGURED
+    return shown + (f" and {more} more" if more > 0 else "")

@@ -1,5 +1,6 @@
-"""What the operator's console shows: the overview, the message list, a message's detail, each
-endpoint's health and the actions taken (``python -m outbox list | endpoints`` show the same).
+"""What the operator's console shows: the overview (its health first), the message list, a
+message's detail and its whole payload, each endpoint's health and the actions taken
+(``python -m outbox list | endpoints`` show the same).
 
 Served by the console's HTTP API (``outbox.azure.console``, on the Functions app and under
 ``outbox serve``) and the commands; its actions are ``actions``'.
@@ -15,7 +16,7 @@ from uuid import UUID
 
 from outbox.core.errors import BadRequestError, DatabaseError
 from outbox.operations import inspection, sql, status
-from outbox.operations.list_query import MessageQuery, cursor
+from outbox.operations.list_query import ActionQuery, MessageQuery, action_cursor, cursor
 from outbox.operations.requests import Endpoints
 from outbox.store.connection import Connection, database_boundary, fetch, transaction
 
@@ -31,7 +32,10 @@ PROCESSED_COUNTED = 100_000
 # Failures are grouped by reason over the latest Failed messages, at most this many.
 FAILED_SAMPLE = 10_000
 MAX_PAYLOAD_CHARS = 100_000
-ACTIONS_LISTED = 50
+# An attempt's outcome as the console shows it: the attempt's own, never the row's status now.
+ATTEMPT_OUTCOMES = {"Processed": "Processed", "Pending": "retry", "Failed": "Failed"}
+# Error classes of an attempt that sent no request.
+NOT_SENT = frozenset({"Undeliverable", "NotAttempted"})
 NARROW = (
     "the filter matched too slowly (no index serves it over this many rows): narrow it with "
     "created_from/created_to or a status"
@@ -55,6 +59,13 @@ async def overview(
     reasons = await sql.rows(conn, "console_failure_reasons", FAILED_SAMPLE)
     held = await sql.rows(conn, "console_held_keys")
     return {
+        "health": {
+            "healthy": backlog.healthy,
+            "problems": backlog.problems,
+            "held_back": backlog.held_back,
+            "oldest_unpublished_age_seconds": backlog.oldest_unpublished_age_seconds,
+            "alert_threshold_seconds": backlog.alert_threshold_seconds,
+        },
         "counts": backlog.counts,
         "estimated_counts": backlog.estimated_counts,
         "oldest_unpublished_age_seconds": backlog.oldest_unpublished_age_seconds,
@@ -114,6 +125,16 @@ def console_statement() -> str:
     return statement.replace("FROM console_scanned AS scanned", f"FROM ({clause}) AS scanned")
 
 
+def scan_limit(wanted: MessageFilter, limit: int) -> int:
+    """The rows each of the list's scans reads at most for ``limit`` rows: ``limit`` itself when
+    the scans apply every filter given (none, a status, a time range), each row read being a row
+    shown, so the backlog's scan, which sorts what it reads, keeps the newest ``limit`` rather
+    than ``CONSOLE_SCAN_LIMIT`` (spilled to disk at 500,000 Pending); ``CONSOLE_SCAN_LIMIT``
+    where a filter no index serves may pass rows over."""
+    unindexed = (wanted.event_type, wanted.endpoint_of, wanted.ordering_key, wanted.error)
+    return limit if all(value is None for value in unindexed) else CONSOLE_SCAN_LIMIT
+
+
 def console_message_arguments(
     wanted: MessageFilter,
     after: tuple[datetime, UUID] | None,
@@ -167,7 +188,12 @@ async def list_messages(
     wanted = message_filter(query, endpoints)
     try:
         rows = await console_messages(
-            conn, wanted, query.after, query.limit + 1, timeout_ms=LIST_TIMEOUT_MS
+            conn,
+            wanted,
+            query.after,
+            query.limit + 1,
+            timeout_ms=LIST_TIMEOUT_MS,
+            scan_limit=scan_limit(wanted, query.limit + 1),
         )
     except DatabaseError as exc:
         if exc.kind == "QueryCanceledError":
@@ -191,9 +217,13 @@ async def list_messages(
     }
 
 
-async def message(conn: Connection, message_id: UUID) -> dict[str, Any] | None:
-    """A message as the console shows it: payload, each endpoint's state, the attempt timeline,
-    the trace id. (Attempts hold what the relay recorded: redacted, never a header's value.)"""
+async def message(
+    conn: Connection, message_id: UUID, *, hold_on_failure: bool = True
+) -> dict[str, Any] | None:
+    """A message as the console shows it: payload (its first ``MAX_PAYLOAD_CHARS``), each
+    endpoint's state, the attempt timeline with each attempt's own outcome, the message that
+    holds it back (``held_behind``, under ``hold_on_failure`` a Failed one too), the trace id.
+    (Attempts hold what the relay recorded: redacted, never a header's value.)"""
     shown = await inspection.show(conn, message_id)
     if shown is None:
         return None
@@ -206,9 +236,13 @@ async def message(conn: Connection, message_id: UUID) -> dict[str, Any] | None:
     resent = await sql.value(conn, "resend_started", str(message_id))
     attempts = [
         {k: v for k, v in attempt.items() if k != "lease_token"}
-        | {"resend": resent is not None and attempt["finished_at"] >= resent}
+        | {
+            "outcome": attempt_outcome(attempt),
+            "resend": resent is not None and attempt["finished_at"] >= resent,
+        }
         for attempt in shown["attempts"]
     ]
+    behind = await sql.value(conn, "held_behind", message_id, hold_on_failure)
     detail: dict[str, Any] = jsonable(
         {
             "outbox_message_id": shown["outbox_message_id"],
@@ -220,6 +254,7 @@ async def message(conn: Connection, message_id: UUID) -> dict[str, Any] | None:
             "processed_at": shown["processed_at"],
             "finished_at": shown["finished_at"],
             "ordering_key": shown.get("ordering_key"),
+            "held_behind": behind,
             "last_error": shown["last_error"],
             "trace_id": parts[1] if len(parts) == 4 else None,
             "payload": payload[:MAX_PAYLOAD_CHARS],
@@ -232,6 +267,22 @@ async def message(conn: Connection, message_id: UUID) -> dict[str, Any] | None:
     return detail
 
 
+def attempt_outcome(attempt: Mapping[str, Any]) -> str:
+    """An attempt's own outcome: ``Processed``, ``retry`` (it failed and was to be tried again),
+    ``Failed`` (it ended the endpoint's delivery) or ``not sent`` (no request was made: no
+    endpoint, a payload too large)."""
+    if attempt.get("error_class") in NOT_SENT:
+        return "not sent"
+    return ATTEMPT_OUTCOMES.get(attempt["outcome"], str(attempt["outcome"]))
+
+
+async def payload(conn: Connection, message_id: UUID) -> str | None:
+    """Message ``message_id``'s whole payload, as the database writes it (JSON text); None when
+    there is no such message."""
+    text: str | None = await sql.value(conn, "show_payload", message_id)
+    return text
+
+
 def _pretty(payload: Any, as_text: str | None) -> str:
     """The payload as the detail shows it: indented JSON (``show`` has checked that it can be
     written out), or the database's text when ``show`` could not decode it (``as_text``)."""
@@ -240,25 +291,95 @@ def _pretty(payload: Any, as_text: str | None) -> str:
     return json.dumps(payload, indent=2, ensure_ascii=False)
 
 
-async def actions(conn: Connection, limit: int = ACTIONS_LISTED) -> list[dict[str, Any]]:
-    """The latest recorded actions, newest first."""
+async def actions(conn: Connection, query: ActionQuery | None = None) -> dict[str, Any]:
+    """One page of the recorded actions, newest first (``actions``), and the cursor of the next
+    page (``next``, the ``before`` that continues it; None on the last)."""
+    query = query or ActionQuery()
+    rows = await sql.rows(
+        conn,
+        "list_actions",
+        query.limit + 1,
+        *(query.before or (None, None)),
+        query.actor,
+        query.action,
+        query.since,
+        query.until,
+    )
+    following = None
+    if len(rows) > query.limit:
+        rows = rows[: query.limit]
+        following = action_cursor(rows[-1]["created_at"], rows[-1]["action_id"])
     listed = []
-    for row in await sql.rows(conn, "list_actions", limit):
+    for row in rows:
         row["filter"] = json.loads(row["filter"])
         row["result"] = json.loads(row["result"]) if row["result"] else None
         listed.append(jsonable(row))
-    return listed
+    return {"actions": listed, "next": following}
+
+
+async def endpoints_page(
+    conn: Connection, endpoints: Endpoints, hosts: Mapping[tuple[str, str], str]
+) -> list[dict[str, Any]]:
+    """Every configured endpoint as the console's endpoints page shows it: its host
+    (``hosts``: never a path or a query), its state (``healthy``, ``open``, ``half-open`` as
+    ``status`` says, or ``paused``: an operator's pause comes first), its breaker (since when,
+    failures in a row, next probe), who paused it, and its rates over the last hour."""
+    facts = await _endpoint_facts(conn)
+    shown = []
+    for event_type, names in endpoints.items():
+        for name in names:
+            key = (event_type, name)
+            breaker, row = facts.open.get(key), facts.breakers.get(key)
+            paused, seen = facts.paused.get(key), facts.activity.get(key)
+            attempts = seen["attempts"] if seen else 0
+            failures = seen["failures"] if seen else 0
+            state = "paused" if paused else (breaker["state"] if breaker else "healthy")
+            shown.append(
+                {
+                    "event_type": event_type,
+                    "endpoint": name,
+                    "url_host": hosts.get(key),
+                    "state": state,
+                    "breaker_since": _iso(breaker["opened_at"]) if breaker else None,
+                    "failures": row["consecutive_failures"] if row else 0,
+                    "next_probe": _iso(breaker["reopen_at"]) if breaker else None,
+                    "paused_by": paused["paused_by"] if paused else None,
+                    "paused_at": _iso(paused["paused_at"]) if paused else None,
+                    "delivered_per_minute": round((attempts - failures) / 60, 2),
+                    "failed_per_minute": round(failures / 60, 2),
+                    "attempts_last_hour": attempts,
+                }
+            )
+    return shown
+
+
+class _EndpointFacts(NamedTuple):
+    """What the database says of the endpoints, each by (event type, endpoint)."""
+
+    open: dict[tuple[str, str], dict[str, Any]]  # breakers holding deliveries back
+    breakers: dict[tuple[str, str], dict[str, Any]]  # every breaker row, open or counting
+    paused: dict[tuple[str, str], dict[str, Any]]
+    activity: dict[tuple[str, str], dict[str, Any]]  # attempts over the last hour
+
+
+async def _endpoint_facts(conn: Connection) -> _EndpointFacts:
+    def by_key(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+        return {(r["event_type"], r["endpoint"]): r for r in rows}
+
+    return _EndpointFacts(
+        by_key(await sql.rows(conn, "open_breakers")),
+        by_key(await sql.rows(conn, "endpoint_breakers")),
+        by_key(await sql.rows(conn, "paused_endpoints")),
+        by_key(await sql.rows(conn, "endpoint_activity")),
+    )
 
 
 async def endpoint_health(conn: Connection, endpoints: Endpoints) -> list[dict[str, Any]]:
     """Each configured endpoint: its breaker (``open``, ``half-open`` or ``closed``, as
     ``status`` lists them), whether paused, and over the last hour its last success and failure
     and its failure rate (``python -m outbox endpoints``)."""
-    breakers = {(b["event_type"], b["endpoint"]): b for b in await sql.rows(conn, "open_breakers")}
-    paused = {(p["event_type"], p["endpoint"]) for p in await sql.rows(conn, "paused_endpoints")}
-    activity = {
-        (a["event_type"], a["endpoint"]): a for a in await sql.rows(conn, "endpoint_activity")
-    }
+    facts = await _endpoint_facts(conn)
+    breakers, paused, activity = facts.open, facts.paused, facts.activity
     shown = []
     for event_type, names in endpoints.items():
         for name in names:

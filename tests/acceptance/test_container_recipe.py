@@ -151,7 +151,7 @@ async def test_the_recipe_builds_installs_serves_is_healthy_and_stops_on_sigterm
             if served.poll() is None:
                 served.kill()
         assert served.returncode == 0, output
-        assert "serving 14 functions" in output
+        assert "serving 18 functions" in output
     finally:
         await pg.drop(admin_dsn, name)
 

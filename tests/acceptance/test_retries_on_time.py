@@ -54,7 +54,7 @@ async def start_serve(
             "tests.support.sweepless_app:app", env=serve_env,
         )  # fmt: skip
         children.append(child)
-        await child.wait_for_line(r"serving 12 functions")
+        await child.wait_for_line(r"serving 16 functions")
         return child, f"http://127.0.0.1:{port}/api/outbox"
 
     yield start

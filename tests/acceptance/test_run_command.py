@@ -40,7 +40,7 @@ async def test_run_command_delivers_an_enqueued_event_and_stops_everything(tmp_p
     env = {"OUTBOX_LOCAL_DIR": str(tmp_path)}  # no database, queue or webhooks configured
     run = await Child.start("outbox.local", "--in-process", "--port", str(port), env=env)
     try:
-        await run.wait_for_line(r"serving 14 functions", timeout=120)
+        await run.wait_for_line(r"serving 18 functions", timeout=120)
         assert "embedded PostgreSQL" in run.output
         assert "demo receiver for OrderCompleted" in run.output
         assert (tmp_path / "run.env").exists()
@@ -85,7 +85,7 @@ async def test_run_command_without_azure_storage_wakes_over_postgres(
     }
     run = await Child.start("outbox.local", "--port", str(port), env=env)
     try:
-        await run.wait_for_line(r"serving 14 functions", timeout=120)
+        await run.wait_for_line(r"serving 18 functions", timeout=120)
         assert "PostgreSQL NOTIFY (OUTBOX_WAKEUP=postgres), no queue" in run.output
         assert "Azurite" not in run.output
         assert not processes_mentioning(str(tmp_path / "azurite"))
@@ -234,7 +234,7 @@ async def test_ctrl_c_during_a_burst_reports_what_it_gave_back_in_one_line(
     }
     run = await Child.start("outbox.local", "--in-process", "--port", str(port), env=env)
     try:
-        await run.wait_for_line(r"serving 14 functions", timeout=120)
+        await run.wait_for_line(r"serving 18 functions", timeout=120)
         await run_cli("enqueue", "OrderCompleted", '{"burst": 0}', env=env)
         url = run_env_url(tmp_path)
         conn = await asyncpg.connect(url)
@@ -352,7 +352,7 @@ async def test_a_signal_to_make_alone_stops_everything_make_run_started(
     run = await make_run(tmp_path, port, OUTBOX_DATABASE_URL=database_url)
     started: set[int] = set()
     try:
-        await run.wait_for_line(r"serving 14 functions", timeout=120)
+        await run.wait_for_line(r"serving 18 functions", timeout=120)
         started = descendants(run.process.pid)  # the runner, Azurite (node)
         ports = [port, *ports_in_run_env(tmp_path)]  # the relay's, Azurite's three, the demo's
         assert len(ports) == 5

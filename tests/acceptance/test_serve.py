@@ -89,7 +89,7 @@ async def serving(
         env=serve_env,
     )
     try:
-        await child.wait_for_line(r"serving 14 functions")
+        await child.wait_for_line(r"serving 18 functions")
         await child.wait_for_line(r"outbox\.drain trigger=startup")  # what waited, taken
         yield child, f"http://127.0.0.1:{port}/api/outbox"
     finally:

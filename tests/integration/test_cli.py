@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import pty
+import subprocess
+import sys
 from typing import Any
 
 from tests.conftest import SECRET
 from tests.support import pg
-from tests.support.outbox_helpers import peek_hints, run_cli, seed, statuses
+from tests.support.outbox_helpers import ROOT, peek_hints, row, run_cli, seed, statuses
 from tests.support.receiver import Receiver
 
 
@@ -217,3 +222,118 @@ async def test_migrate_takes_a_max_lock_wait_in_seconds(database_url: str) -> No
     bad = await run_cli("migrate", "--max-lock-wait", "nan", env=env)
     assert bad.returncode == 2
     assert "--max-lock-wait: must be a finite number of seconds, 0 or more" in bad.stderr
+
+
+async def run_on_terminal(*args: str, env: dict[str, str], answer: str) -> tuple[int, str, str]:
+    """``python -m outbox`` with a terminal for its stdin, answering ``answer`` when asked."""
+
+    def run() -> tuple[int, str, str]:
+        controller, terminal = pty.openpty()
+        try:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "outbox", *args],
+                cwd=ROOT,
+                env={"PATH": os.environ["PATH"], **env},
+                stdin=terminal,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            os.write(controller, answer.encode() + b"\n")
+            out, err = child.communicate(timeout=120)
+        finally:
+            os.close(controller)
+            os.close(terminal)
+        return child.returncode, out, err
+
+    return await asyncio.to_thread(run)
+
+
+async def failed_messages(db: Any, count: int) -> list[Any]:
+    ids = await seed(db, count)
+    await db.execute(
+        "UPDATE outbox_messages SET status = 'Failed', last_error = 'HTTP 500' "
+        "WHERE outbox_message_id = ANY($1::uuid[])",
+        ids,
+    )
+    return ids
+
+
+async def test_a_bulk_requeue_asks_on_a_terminal_and_a_script_must_say_yes(
+    db: Any, database_url: str
+) -> None:
+    env = {"OUTBOX_DATABASE_URL": database_url}
+    await failed_messages(db, 3)
+    scripted = await run_cli("requeue", "--all-failed", env=env)
+    assert scripted.returncode == 2
+    assert "error: a requeue by filter asks for confirmation on a terminal: pass --yes" in (
+        scripted.stderr
+    )
+    code, out, err = await run_on_terminal("requeue", "--all-failed", env=env, answer="n")
+    assert (code, out) == (1, "")
+    assert "requeue 3 Failed message(s), sent again to: OrderCompleted. Go ahead? [y/N]" in err
+    assert "error: not confirmed: nothing was changed" in err
+    assert await statuses(db) == {"Failed": 3}
+    code, out, err = await run_on_terminal("requeue", "--all-failed", env=env, answer="y")
+    assert (code, json.loads(out)["requeued"]) == (0, 3), err
+    assert await statuses(db) == {"Pending": 3}
+    dry = await run_cli("requeue", "--all-failed", "--dry-run", env=env)  # a plan asks nothing
+    assert dry.returncode == 0, dry.stderr
+
+
+async def test_cancel_replay_and_probe_commands_and_unknown_ids_or_endpoints_exit_1(
+    db: Any, database_url: str, receiver: Receiver
+) -> None:
+    env = {
+        "OUTBOX_DATABASE_URL": database_url,
+        "OUTBOX_WEBHOOKS": json.dumps(
+            {"OrderCompleted": {"url": receiver.url("/orders"), "secret": SECRET}}
+        ),
+    }
+    pending, delivered = await seed(db, 2)
+    await db.execute(
+        "UPDATE outbox_messages SET status = 'Processed', processed_at = now() "
+        "WHERE outbox_message_id = $1",
+        delivered,
+    )
+    unasked = await run_cli("cancel", str(pending), "--reason", "dup", env=env)
+    assert unasked.returncode == 2
+    cancelled = await run_cli(
+        "cancel", str(pending), str(delivered), "--reason", "duplicate order", "--yes", env=env
+    )
+    assert cancelled.returncode == 0, cancelled.stderr
+    result = json.loads(cancelled.stdout)
+    assert (result["cancelled"], result["skipped"]) == ([str(pending)], [str(delivered)])
+    assert (await row(db, pending))["last_error"] == "cancelled by cli: duplicate order"
+    window = ["--created-from", "2000-01-01T00:00:00Z", "--created-to", "2100-01-01T00:00:00Z"]
+    plan = await run_cli("replay", *window, "--dry-run", env=env)
+    assert json.loads(plan.stdout)["would_resend"] == 1, plan.stderr
+    replayed = await run_cli("replay", *window, "--yes", env=env)
+    assert json.loads(replayed.stdout)["resent"] == 1, replayed.stderr
+    assert (await row(db, delivered))["status"] == "Pending"
+    no_window = await run_cli("replay", "--yes", env=env)
+    assert no_window.returncode == 2
+    assert "--created-from and --created-to are required" in no_window.stderr
+    closed = await run_cli("probe", "OrderCompleted", env=env)
+    assert (closed.returncode, "has no open breaker" in closed.stderr) == (1, True)
+    unknown = "7d4f2f5e-6b38-4a44-9a9e-6f7b1c9d2e11"
+    for args in (
+        ("show", unknown),
+        ("requeue", "--id", unknown),
+        ("resend", unknown),
+        ("cancel", unknown, "--reason", "x", "--yes"),
+    ):
+        missing = await run_cli(*args, env=env)
+        assert (missing.returncode, missing.stderr) == (1, f"error: no outbox message {unknown}\n")
+    nowhere = await run_cli("pause", "NoSuchType", env=env)
+    assert (nowhere.returncode, nowhere.stderr) == (
+        1,
+        "error: no endpoint of event type 'NoSuchType' (configured: OrderCompleted)\n",
+    )
+    resumed = await run_cli("resume", "OrderCompleted", "nowhere", env=env)
+    assert resumed.returncode == 1
+    bad_cursor = await run_cli("list", "--after", f"0001-01-01T00:00:00+14:00_{unknown}", env=env)
+    assert (bad_cursor.returncode, bad_cursor.stderr) == (
+        2,
+        "error: --after must be the cursor a previous page gave\n",
+    )

@@ -231,7 +231,7 @@ async def test_requeue_of_one_endpoint_by_command_and_http_and_of_rows_kept_from
     env = {"OUTBOX_DATABASE_URL": database_url}
     shipping = await run_cli("requeue", "--endpoint", "shipping", "--dry-run", env=env)
     assert (shipping.returncode, json.loads(shipping.stdout)["requeued"]) == (0, 0), shipping.stderr
-    billing = await run_cli("requeue", "--endpoint", "billing", env=env)
+    billing = await run_cli("requeue", "--endpoint", "billing", "--yes", env=env)
     assert json.loads(billing.stdout)["requeued"] == 2, billing.stderr
     kept = await row(db, ids[0])
     assert kept["status"] == "Pending"

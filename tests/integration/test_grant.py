@@ -93,7 +93,7 @@ async def test_the_relay_drains_reports_and_requeues_under_the_granted_role(
         assert await statuses(owner) == {"Processed": 3, "Failed": 1}
         status = await run_cli("status", env=env)
         assert status.returncode == 0, status.stderr
-        requeued = await run_cli("requeue", "--all-failed", env=env)
+        requeued = await run_cli("requeue", "--all-failed", "--yes", env=env)
         assert requeued.returncode == 0, requeued.stderr
         assert await statuses(owner) == {"Processed": 3, "Pending": 1}
         listed = await run_cli("list", "--status", "Processed", env=env)

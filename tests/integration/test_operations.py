@@ -221,7 +221,7 @@ async def test_requeue_command_and_its_dry_run(db: Any, database_url: str) -> No
     dry = await run_cli("requeue", "--event-type", "InvoicePaid", "--dry-run", env=env)
     assert (dry.returncode, json.loads(dry.stdout)["requeued"]) == (0, 2)
     assert (await statuses(db))["Failed"] == 5
-    done = await run_cli("requeue", "--all-failed", env=env)
+    done = await run_cli("requeue", "--all-failed", "--yes", env=env)
     assert json.loads(done.stdout)["requeued"] == 5
     unclear = await run_cli("requeue", env=env)
     assert unclear.returncode == 2

@@ -133,7 +133,7 @@ async def serving(serve_env: dict[str, str], *options: str) -> AsyncIterator[tup
         preexec_fn=low_descriptor_limit,
     )
     try:
-        await child.wait_for_line(r"serving 14 functions")
+        await child.wait_for_line(r"serving 18 functions")
         await child.wait_for_line(r"outbox\.drain trigger=startup")
         yield child, port
     finally:

@@ -34,6 +34,7 @@ async def test_requeue_of_every_failed_row_keeps_memory_flat(
         "--",
         "requeue",
         "--all-failed",
+        "--yes",
         module="tests.support.instrumented_relay",
     )
     assert result.returncode == 0, result.stderr

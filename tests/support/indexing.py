@@ -98,9 +98,13 @@ EXPECTED |= {
     "outbox_messages": _http("outbox/messages", "GET"),
     "outbox_message": _http("outbox/messages/{message_id}", "GET"),
     "outbox_actions": _http("outbox/actions", "GET"),
+    "outbox_endpoints": _http("outbox/endpoints", "GET"),
     "outbox_resend": _http("outbox/resend", "POST"),
     "outbox_pause": _http("outbox/pause", "POST"),
     "outbox_resume": _http("outbox/resume", "POST"),
+    "outbox_cancel": _http("outbox/cancel", "POST"),
+    "outbox_replay": _http("outbox/replay", "POST"),
+    "outbox_probe": _http("outbox/probe", "POST"),
 }
 
 

@@ -90,7 +90,7 @@ async def migrate_and_serve(
         "outbox", "serve", "--port", str(port), env=env, python=python, cwd=folder
     )
     try:
-        await served.wait_for_line(r"serving 14 functions", timeout=60)
+        await served.wait_for_line(r"serving 18 functions", timeout=60)
         base = f"http://127.0.0.1:{port}/api"
         async with aiohttp.ClientSession() as http:
             status = await _get(http, f"{base}/outbox/status", {"x-functions-key": KEY})

@@ -117,6 +117,7 @@ async def run_cli(
             [sys.executable, "-m", module, *args],
             cwd=ROOT,
             env={"PATH": os.environ["PATH"], **env},
+            stdin=subprocess.DEVNULL,  # no terminal: a bulk action needs --yes, as in a script
             capture_output=True,
             text=True,
             timeout=120,

@@ -10,14 +10,17 @@ from pathlib import Path
 
 import azure.functions as func
 import pytest
-from aiohttp import test_utils
+from aiohttp import test_utils, web
 
+from outbox.azure import caller
 from outbox.core.errors import ConfigurationError
 from outbox.core.redact import Redactor
 from outbox.hosting.serve import (
     Binding,
     QueueOptions,
+    ServeKey,
     ServeOptions,
+    WrongKeys,
     failure_redactor,
     http_app,
     run_timer,
@@ -151,7 +154,8 @@ def test_serve_hosts_the_relay_s_blueprint_or_an_app_named_module_attribute() ->
     names = {"outbox_queue", "outbox_timer", "outbox_drain", "outbox_status"}
     names |= {"outbox_requeue", "outbox_purge", "outbox_console", "outbox_overview"}
     names |= {"outbox_messages", "outbox_message", "outbox_actions", "outbox_pause"}
-    names |= {"outbox_resume", "outbox_resend"}
+    names |= {"outbox_resume", "outbox_resend", "outbox_endpoints", "outbox_cancel"}
+    names |= {"outbox_replay", "outbox_probe"}
     assert {b.name for b in index(load_app())} == names  # by default: outbox.functions.bp
     import function_app
 
@@ -197,3 +201,107 @@ async def test_the_view_key_opens_the_functions_that_only_read_and_no_other() ->
                 )
                 answers.append(response.status)
     assert answers == [200, 200, 401, 401, 200, 401]
+
+
+ALICE = "alice-acts-key-0123456789"
+VIEWER = "vera-reads-key-0123456789"
+
+
+async def who_calls(request: func.HttpRequest) -> func.HttpResponse:
+    """A function that answers with the caller its host says it has."""
+    who = caller.of(request.headers, [])
+    body = {"name": who.name, "can_act": who.can_act, "address": who.address}
+    return func.HttpResponse(json.dumps(body), status_code=200, mimetype="application/json")
+
+
+def named_app(wrong_keys: WrongKeys | None = None) -> web.Application:
+    reads = Binding("overview", {"route": "outbox/overview", "methods": ["GET"]}, who_calls)
+    acts = Binding("pause", {"route": "outbox/pause", "methods": ["POST"]}, who_calls)
+    named = (ServeKey("alice", ALICE, True), ServeKey("vera", VIEWER, False))
+    return http_app([reads, acts], KEY, named=named, wrong_keys=wrong_keys)
+
+
+async def test_a_named_key_s_name_is_the_caller_and_a_viewer_s_may_not_act() -> None:
+    async with (
+        test_utils.TestServer(named_app()) as server,
+        test_utils.TestClient(server) as client,
+    ):
+        spoofed = {"X-MS-CLIENT-PRINCIPAL-NAME": "ceo@example.com"}  # no App Service Auth here
+        seen = []
+        for method, route, key in [
+            ("GET", "overview", ALICE),
+            ("POST", "pause", ALICE),
+            ("GET", "overview", VIEWER),
+            ("GET", "overview", KEY),
+        ]:
+            response = await client.request(
+                method, f"/api/outbox/{route}", headers={"x-functions-key": key} | spoofed
+            )
+            assert response.status == 200
+            seen.append(await response.json())
+        refused = await client.post("/api/outbox/pause", headers={"x-functions-key": VIEWER})
+        assert refused.status == 401
+        assert (await refused.json())["error"] == "this key may read, not act: use a key that acts"
+        assert refused.headers["X-Content-Type-Options"] == "nosniff"
+        assert refused.headers["Cache-Control"] == "no-store"
+    assert [(s["name"], s["can_act"]) for s in seen] == [
+        ("alice", True),
+        ("alice", True),
+        ("vera", False),
+        ("function key", True),
+    ]
+    assert seen[0]["address"] == "127.0.0.1"
+    assert caller.checked_key.get() is None  # set for the call alone
+
+
+async def test_wrong_keys_are_logged_without_key_material_then_the_address_waits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    now = [1000.0]
+    wrong_keys = WrongKeys(clock=lambda: now[0])
+    app = named_app(wrong_keys)
+    guess = "guess-" + ALICE[6:]
+    async with test_utils.TestServer(app) as server, test_utils.TestClient(server) as client:
+        agent = {"User-Agent": 'scanner/1 user_agent="forged"'}
+        for _ in range(10):
+            response = await client.get(
+                "/api/outbox/overview", headers={"x-functions-key": guess} | agent
+            )
+            assert response.status == 401
+        throttled = await client.get("/api/outbox/overview", headers={"x-functions-key": ALICE})
+        assert throttled.status == 429  # the right key too: guessing has to wait
+        assert throttled.headers["Retry-After"] == "60"
+        assert "too many wrong keys" in (await throttled.json())["error"]
+        elsewhere = await client.get(
+            "/api/outbox/overview",
+            headers={"x-functions-key": ALICE, "X-Forwarded-For": "203.0.113.7"},
+        )
+        assert elsewhere.status == 200  # another client behind the same proxy
+        now[0] += 45
+        later = await client.get("/api/outbox/overview", headers={"x-functions-key": ALICE})
+        assert (later.status, later.headers["Retry-After"]) == (429, "15")
+        now[0] += 15
+        again = await client.get("/api/outbox/overview", headers={"x-functions-key": ALICE})
+        assert again.status == 200
+        missing = await client.get("/api/outbox/overview")
+        assert missing.status == 401  # no key at all: refused, neither logged nor counted
+    lines = [r.getMessage() for r in caplog.records if "outbox.wrong_key" in r.getMessage()]
+    assert len(lines) == 10
+    assert "address=127.0.0.1" in lines[0]
+    assert 'route="GET /api/outbox/overview"' in lines[0]
+    assert 'user_agent="scanner/1 user_agent=\\"forged\\""' in lines[0]
+    assert "throttled=True" in lines[-1]
+    assert not any(guess in r.getMessage() or ALICE in r.getMessage() for r in caplog.records)
+
+
+def test_the_wrong_keys_of_many_addresses_are_bounded() -> None:
+    wrong_keys = WrongKeys(allowed=2, remembered=3, clock=lambda: 5.0)
+    for address in ("a", "b", "c", "d"):
+        wrong_keys.failed(address)
+        wrong_keys.failed(address)
+    assert [wrong_keys.retry_after(a) > 0 for a in ("a", "b", "c", "d")] == [
+        False,
+        True,
+        True,
+        True,
+    ]
