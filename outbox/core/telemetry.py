@@ -47,7 +47,7 @@ from outbox.core.text import escape_controls
 logger = logging.getLogger("outbox.telemetry")
 
 SCOPE = "outbox-relay"
-VERSION = "0.1.0"
+VERSION = "0.2.0"
 # Always W3C Trace Context, whatever propagators the application configured globally: the row
 # and the webhook carry ``traceparent`` (and ``tracestate``), never baggage.
 PROPAGATOR = TraceContextTextMapPropagator()

@@ -28,6 +28,9 @@ MUST_HOLD = (
     "outbox/migrations/inbox/0001_create_outbox_inbox.sql",
     "outbox/host.json",
     "outbox/py.typed",
+    "outbox/azure/assets/console.html",
+    "outbox/azure/assets/console.css",
+    "outbox/azure/assets/console.js",
 )
 
 
@@ -78,6 +81,8 @@ def problems(folder: Path) -> list[str]:
         )
         found.append(f"the sdist builds another wheel: {differ[:10]}")
     found += [f"the wheel lacks {name}" for name in MUST_HOLD if name not in direct]
+    migrations = [f"outbox/{p.relative_to(ROOT)}" for p in (ROOT / "migrations").rglob("*.sql")]
+    found += [f"the wheel lacks {name}" for name in migrations if name not in direct]
     metadata = next(v for n, v in direct.items() if n.endswith(".dist-info/METADATA")).decode()
     for field in (
         "License-Expression: MIT",

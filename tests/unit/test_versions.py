@@ -42,3 +42,9 @@ def test_the_licence_file_is_the_one_the_metadata_declares() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert project["license"] == "MIT"
     assert (ROOT / "LICENSE").read_text().startswith("MIT License")
+
+
+def test_the_telemetry_scope_names_the_packages_version() -> None:
+    from outbox.core.telemetry import VERSION
+
+    assert VERSION == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
