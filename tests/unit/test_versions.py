@@ -47,4 +47,5 @@ def test_the_licence_file_is_the_one_the_metadata_declares() -> None:
 def test_the_telemetry_scope_names_the_packages_version() -> None:
     from outbox.core.telemetry import VERSION
 
-    assert VERSION == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert version == VERSION
