@@ -7,7 +7,7 @@ AZURITE := tools/node_modules/.bin/azurite
 CHROMIUM := /usr/bin/chromium
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
 
-.PHONY: run test check bench bench-smoke clean
+.PHONY: run test check bench bench-quick bench-smoke clean
 
 # exec: the runner is make's own child, so the SIGTERM make passes on reaches it; --under-make:
 # it also stops when make alone gets a SIGINT (which make passes on to no one). A start-up problem
@@ -30,6 +30,12 @@ check: $(VENV)/.dev-deps
 bench: $(VENV)/.bench-deps $(AZURITE)
 	$(BIN)/python -m bench --output-json docs/benchmarks/results.json \
 		--plot docs/benchmarks/results.png $(BENCH_ARGS)
+
+# The headline in one sitting (under 30 minutes on 2 cores): throughput, latency at rates, a new
+# process against a warm one, WAL, each against pgqueuer as a median of per-round ratios.
+bench-quick: $(VENV)/.bench-deps $(AZURITE)
+	$(BIN)/python -m bench --quick --output-json docs/benchmarks/quick.json \
+		--plot docs/benchmarks/quick.png $(BENCH_ARGS)
 
 # The same with tiny sizes: checks every contender delivers every message, never timing (CI).
 bench-smoke: $(VENV)/.bench-deps $(AZURITE)

@@ -1,10 +1,15 @@
-"""The benchmark: ``python -m bench`` (``make bench``), or ``python -m bench --smoke`` (CI).
+"""The benchmark: ``python -m bench`` (``make bench``, every section), ``python -m bench --quick``
+(``make bench-quick``: the headline in one sitting, bench/headline.py), or ``python -m bench
+--smoke`` (CI).
 
 Figures, each repeated and reported as a median:
 
 - throughput: raw HTTP ceiling, this relay, pgqueuer and the seed's loop drain the same messages
   to the same receiver (its own process), interleaved round by round;
-- latency: commit → webhook received at a steady offered load, one drain per wake-up hint;
+- latency: commit → the receiver's 2xx at fixed offered rates (100, 1,000, 3,000 msg/s), receivers
+  answering in 0 and 50 ms (and one of 200 ms at 200 msg/s), for ``outbox serve`` woken over
+  PostgreSQL and by the queue, the Functions app under Microsoft's worker, and pgqueuer
+  (bench/latency.py);
 - scale: the lease statement with 10k and with 1M finished rows, and its plan; and with 1M rows
   waiting behind 1,000 held ordering keys;
 - slow: one relay process against receivers answering in 100 ms (fixed, and lognormal around
@@ -39,7 +44,15 @@ Figures, each repeated and reported as a median:
   by DROP against DELETE over three simulated days, the hot path's cost, and the lease with a
   transaction held open during a steady stream;
 - console: the first page of each of the console's filters and its overview over 10M messages,
-  and the WAL per message with and without the index its unfiltered list reads.
+  and the WAL per message with and without the index its unfiltered list reads;
+- console_calls: every API call the console's page makes (overview, each list, the next page,
+  a detail, actions, endpoints), through the HTTP API, over an incident's 500,000 Pending rows:
+  median and p95 of each, and the plans (what each list sorts).
+
+- coldwarm: a new process's drain of a backlog to a lognormal ~100 ms receiver against the same
+  drain by a process that has delivered to it already (bench/coldwarm.py);
+- walcost: WAL per delivered message, relay ÷ pgqueuer, by the method the targets use (a steady
+  flow of one-event transactions, split by writer with pg_walinspect; bench/walcost.py).
 
 Throughput, scale-out and fan-out read WAL and PostgreSQL CPU on a private embedded server.
 
@@ -50,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -60,6 +74,7 @@ from bench import (
     dbcost,
     endpoints,
     exporter,
+    headline,
     instructions,
     isolation,
     latency,
@@ -92,15 +107,17 @@ PHASES = (
     "fanout",
     "instructions",
     "console",
+    "console_calls",
     "partitions",
+    "coldwarm",
+    "walcost",
 )
 # Rows per lease (the relay's default), and per pgqueuer dequeue.
 BATCH_SIZE = 100
 SMOKE = {
     "messages": 500,
     "rounds": 1,
-    "latency_messages": 60,
-    "latency_runs": 1,
+    **latency.SMOKE,
     "slow_messages": 300,
     "slow_runs": 1,
     "pushback_messages": 100,
@@ -144,11 +161,19 @@ SMOKE = {
     "fanout_runs": 1,
     "instructions_small": 50,
     "instructions_large": 150,
+    # Each contender under valgrind takes 10-30 s on 2 cores: the smoke run leaves out the
+    # floor and the untraced relay, whose delivery the throughput section checks.
+    "instructions_contenders": "raw,relay,relay-uvloop",
     "console_rows": 20_000,
     "console_repeats": 3,
     "console_wal_messages": 500,
     "console_wal_runs": 1,
+    "console_pending": 3_000,
+    "console_processing": 20,
+    "console_history": 2_000,
+    "console_call_rounds": 2,
     **partitions.SMOKE,
+    **headline.SMOKE,
 }
 
 
@@ -197,9 +222,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="pgqueuer max_concurrent_tasks (0: unset); by default twice the batch size, the "
         "least pgqueuer accepts and what its performance-tuning guide sets for a batch",
     )
-    add("--latency-rate", type=float, default=200.0, help="offered load, messages per second")
-    add("--latency-messages", type=int, default=2_000)
-    add("--latency-runs", type=int, default=5)
+    latency.add_arguments(parser)
     add_section_options(parser)
     add("--scale-small", type=int, default=10_000)
     add("--scale-large", type=int, default=1_000_000)
@@ -228,13 +251,36 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--fanout-runs", type=int, default=3)
     add("--instructions-small", type=int, default=1_000, help="the smaller drain under valgrind")
     add("--instructions-large", type=int, default=5_000, help="the larger drain under valgrind")
+    add(
+        "--instructions-contenders",
+        default=",".join(instructions.CONTENDERS),
+        help="counted under valgrind (the raw client always)",
+    )
     console.add_arguments(parser)
+    console.add_incident_arguments(parser)
     partitions.add_arguments(parser)
+    headline.add_arguments(parser)
     add("--skip", default="", help=f"comma-separated phases to skip: {', '.join(PHASES)}")
     add("--output-json", type=Path, help="write the results here")
     add("--plot", type=Path, help="write the PNG plot here")
     add("--smoke", action="store_true", help="tiny sizes, correctness only (for CI)")
+    add(
+        "--quick",
+        action="store_true",
+        help="the headline sections only, shortened (under 30 min; options given still apply)",
+    )
+    return with_profile(parser, argv)
+
+
+def with_profile(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The arguments, with the quick profile's sizes (as defaults: an option given on the
+    command line still wins) or the smoke run's (overriding)."""
     args = parser.parse_args(argv)
+    if args.quick:
+        parser.set_defaults(**headline.QUICK)
+        args = parser.parse_args(argv)
+        skipped = {*headline.quick_skip(PHASES).split(","), *args.skip.split(",")}
+        args.skip = ",".join(sorted(filter(None, skipped)))
     if args.smoke:
         vars(args).update(SMOKE)
         scratch = Path(tempfile.mkdtemp(prefix="bench-smoke-"))
@@ -260,13 +306,7 @@ async def delivery_phases(
         runs = await throughput.measure(receiver, options, args.rounds, contenders)
         results["throughput"] = report.summarise_throughput(runs)
     if "latency" not in skip:
-        results["latency"] = await latency.measure(
-            receiver,
-            messages=args.latency_messages,
-            rate=args.latency_rate,
-            runs=args.latency_runs,
-            concurrency=args.concurrency,
-        )
+        results["latency"] = await latency.measure(receiver, latency.plan_from(args))
     if "slow" not in skip:
         results["slow"] = await slow.measure(
             receiver,
@@ -379,6 +419,7 @@ async def cost_phases(
             receiver,
             small=args.instructions_small,
             large=args.instructions_large,
+            contenders=tuple(args.instructions_contenders.split(",")),
             concurrency=args.concurrency,
         )
     return results
@@ -391,6 +432,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         results.update(await delivery_phases(args, skip, receiver))
         results.update(await real_world_phases(args, skip, receiver))
         results.update(await cost_phases(args, skip, receiver))
+        results.update(await headline.phases(args, skip, receiver))
         if "console" not in skip:
             results["console"] = await console.measure(
                 receiver,
@@ -399,6 +441,15 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 wal_messages=args.console_wal_messages,
                 wal_runs=args.console_wal_runs,
                 concurrency=args.concurrency,
+            )
+        if "console_calls" not in skip:
+            results["console_calls"] = await console.measure_incident(
+                receiver,
+                pending=args.console_pending,
+                processing=args.console_processing,
+                history=args.console_history,
+                failed_every=args.console_failed_every,
+                rounds=args.console_call_rounds,
             )
         if "partitions" not in skip:
             results["partitions"] = await partitions.measure(receiver, args)
@@ -439,7 +490,9 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     admin_dsn()  # find (or start) the PostgreSQL server before the event loop runs
+    load = os.getloadavg()  # what else the machine ran: a figure's context
     results = asyncio.run(run(args))
+    results["load_average"] = {"start": load, "end": os.getloadavg()}
     doc = report.document(config(args), results)
     if args.output_json:
         report.write_json(args.output_json, doc)
@@ -450,8 +503,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.smoke:
         # Tiny sizes on a shared machine: the figures mean nothing, so no target is judged.
         log("smoke run passed: every contender delivered every message")
+    elif args.quick:
+        print(headline.table(doc))
     else:
-        print("\n".join([report.table(doc), *partitions.table_lines(doc)]))
+        tables = [report.table(doc), *partitions.table_lines(doc), *headline.table_lines(doc)]
+        print("\n".join(tables))
 
 
 if __name__ == "__main__":

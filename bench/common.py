@@ -39,12 +39,15 @@ ENQUEUE_CHUNK = 500
 def bench_server() -> Any:
     """The benchmark's private embedded PostgreSQL (``bench.server``), or None where
     ``OUTBOX_BENCH_ADMIN_DSN`` names a server to use instead (its WAL and CPU figures then
-    include whatever else runs there). Call it once before an event loop runs."""
+    include whatever else runs there). ``OUTBOX_BENCH_DATA_DIR`` gives the private server a
+    folder of its own (two benchmarks at once then do not share one). Call it once before an
+    event loop runs."""
     if os.environ.get("OUTBOX_BENCH_ADMIN_DSN"):
         return None
     from bench.server import BenchServer
 
-    return BenchServer.start()
+    folder = os.environ.get("OUTBOX_BENCH_DATA_DIR")
+    return BenchServer.start(Path(folder).resolve()) if folder else BenchServer.start()
 
 
 def admin_dsn() -> str:
@@ -72,10 +75,13 @@ def payload(i: int) -> dict[str, Any]:
     }
 
 
-def body(i: int, message_id: uuid.UUID | None = None) -> tuple[str, bytes]:
-    """``(webhook id, body)`` exactly as the relay builds a webhook body for ``payload(i)``."""
+def body(
+    i: int, message_id: uuid.UUID | None = None, data: dict[str, Any] | None = None
+) -> tuple[str, bytes]:
+    """``(webhook id, body)`` exactly as the relay builds a webhook body for ``payload(i)``
+    (or for ``data``)."""
     message_id = message_id or uuid.uuid4()
-    text = json.dumps(payload(i))
+    text = json.dumps(payload(i) if data is None else data)
     message = LeasedMessage(
         message_id=message_id,
         event_type=EVENT_TYPE,
@@ -252,6 +258,17 @@ class ReceiverProcess:
         async with aiohttp.ClientSession() as session, session.get(self.url("/_stats")) as r:
             data = await r.json()
         return ReceiverStats(**data)
+
+    async def requests(self) -> int:
+        """Requests counted since the last reset: cheap enough to poll while a run lasts."""
+        async with aiohttp.ClientSession() as session, session.get(self.url("/_progress")) as r:
+            return int((await r.json())["requests"])
+
+    async def timed(self) -> dict[str, list[Any]]:
+        """The timed requests (``/timed/<ms>``): ``ids``, ``arrived``, ``answered``."""
+        async with aiohttp.ClientSession() as session, session.get(self.url("/_timed")) as r:
+            data: dict[str, list[Any]] = await r.json()
+        return data
 
 
 class CpuMeter:

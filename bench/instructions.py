@@ -93,8 +93,15 @@ async def run_once(
 
 
 async def measure(
-    receiver: ReceiverProcess, *, small: int, large: int, concurrency: int = 16
+    receiver: ReceiverProcess,
+    *,
+    small: int,
+    large: int,
+    concurrency: int = 16,
+    contenders: tuple[str, ...] = CONTENDERS,
 ) -> dict[str, Any]:
+    """Instructions per message of each of ``contenders`` (the raw client always among them:
+    every ratio is to it), and the ratios between those counted."""
     if valgrind() is None:
         log("instructions: skipped, valgrind is not installed")
         return {"skipped": "valgrind is not installed"}
@@ -102,7 +109,7 @@ async def measure(
     # Per contender, the connections the smaller and the larger drain opened: a difference of
     # drains also counts what the larger opened beyond the smaller's.
     connections: dict[str, list[int]] = {}
-    for contender in (*CONTENDERS, "raw-build"):
+    for contender in ("raw", *(c for c in contenders if c != "raw"), "raw-build"):
         low, opened_low = await run_once(receiver, contender, small, concurrency)
         high, opened_high = await run_once(receiver, contender, large, concurrency)
         per_message[contender] = (high - low) / (large - small)
@@ -113,16 +120,30 @@ async def measure(
         )
     del connections["raw-build"]
     per_message["raw"] -= per_message.pop("raw-build")
-    raw = per_message["raw"]
     return {
         "small": small,
         "large": large,
         "concurrency": concurrency,
         "connections": connections,
         "per_message": {c: round(n) for c, n in per_message.items()},
-        "relay_vs_raw": round(per_message["relay"] / raw, 3),
-        "floor_vs_raw": round(per_message["floor"] / raw, 3),
-        "relay_vs_floor": round(per_message["relay"] / per_message["floor"], 3),
-        "relay_vs_untraced": round(per_message["relay"] / per_message["untraced"], 4),
-        "uvloop_vs_asyncio": round(per_message["relay-uvloop"] / per_message["relay"], 3),
+        **ratios(per_message),
+    }
+
+
+# Each ratio reported: its numerator and denominator, and the digits it is rounded to.
+RATIOS = {
+    "relay_vs_raw": ("relay", "raw", 3),
+    "floor_vs_raw": ("floor", "raw", 3),
+    "relay_vs_floor": ("relay", "floor", 3),
+    "relay_vs_untraced": ("relay", "untraced", 4),
+    "uvloop_vs_asyncio": ("relay-uvloop", "relay", 3),
+}
+
+
+def ratios(per_message: dict[str, float]) -> dict[str, float]:
+    """The ratios whose two contenders were counted."""
+    return {
+        name: round(per_message[top] / per_message[bottom], digits)
+        for name, (top, bottom, digits) in RATIOS.items()
+        if top in per_message and bottom in per_message
     }

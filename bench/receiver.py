@@ -13,6 +13,11 @@ after ``<ms>`` milliseconds; to ``/lognormal/<ms>`` after a lognormal delay whos
 A POST to ``/limited/<n>`` is answered 429 with ``Retry-After: 1`` when ``n`` requests to it are
 already in flight (a receiver that pushes back above what it can take).
 
+Timed requests (the latency section, ``bench.latency``): a POST to ``/timed/<ms>`` is answered
+after ``<ms>`` milliseconds (0: at once), and its ``webhook-id``, its arrival and its answer are
+kept (unix seconds, this machine's clock), without reading its body: the producer keeps each
+message's commit time beside, and the two are joined by id afterwards.
+
 A delayed request whose connection is lost before its answer is not counted, and a limited
 one frees its place at once. What the server cannot read gets 400 (413 above
 ``MAX_BODY_BYTES``), a request it cannot answer (``/slow/x``) 500, each with the connection
@@ -21,7 +26,9 @@ closed after; nothing a client sends makes it spin or buffer without bound.
 Control endpoints (for the benchmark driver only):
 ``GET /_stats`` → ``{"requests", "distinct", "first", "last", "latencies", "max_in_flight",
 "refused", "connections"}`` (``connections``: distinct connections the counted requests came
-in on); ``POST /_reset``.
+in on); ``GET /_progress`` → ``{"requests"}`` (cheap enough to poll during a timed run);
+``GET /_timed`` → ``{"ids", "arrived", "answered"}`` (one entry per timed request, in order of
+arrival; ``answered`` 0 where the connection was lost first); ``POST /_reset``.
 
 The receiver stands in for machines elsewhere, but here it shares the benchmark's cores with
 the contenders and PostgreSQL: every microsecond it spends is taken from them. So it is a small
@@ -73,7 +80,7 @@ class BadRequest(Exception):
 class Request:
     """One parsed request: what the recorder looks at."""
 
-    __slots__ = ("body", "close", "generation", "method", "path", "webhook_id")
+    __slots__ = ("body", "close", "generation", "method", "path", "timed", "webhook_id")
 
     def __init__(self, method: str, path: str, webhook_id: str, body: bytes, close: bool) -> None:
         self.method = method
@@ -82,6 +89,7 @@ class Request:
         self.body = body
         self.close = close
         self.generation = -1  # the recorder's, when it counted this request in flight
+        self.timed = -1  # its place in the recorder's timed lists, for a timed request
 
 
 class Recorder:
@@ -101,13 +109,15 @@ class Recorder:
         self.max_in_flight = 0
         self.refused = 0
         self.peers: set[int] = set()  # the connections requests came in on
+        self.timed_ids: list[str] = []
+        self.timed_arrived: list[float] = []
+        self.timed_answered: list[float] = []
 
     def answer(self, request: Request, connection: int) -> tuple[float, bytes]:
         """(seconds to wait, response) for ``request``, which came in on ``connection``."""
         path = request.path
         if request.method != "POST":
-            found = request.method == "GET" and path == "/_stats"
-            return 0.0, self._stats() if found else NOT_FOUND
+            return 0.0, self._read(request.method, path)
         if path == "/_reset":
             self.reset()
             return 0.0, NO_CONTENT
@@ -119,6 +129,8 @@ class Recorder:
             return 0.0, NO_CONTENT
         if path.startswith("/limited/"):
             return self._limited(request, int(path.rsplit("/", 1)[1]))
+        if path.startswith("/timed/"):
+            return self._timed(request, connection, int(path.rsplit("/", 1)[1]))
         delay = _delay(path)
         if not delay:
             self.arrived(request, connection)
@@ -132,6 +144,23 @@ class Recorder:
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
         return LIMITED_MS / 1000, NO_CONTENT
+
+    def _timed(self, request: Request, connection: int, ms: int) -> tuple[float, bytes]:
+        if ms < 0:
+            raise ValueError(ms)
+        self.arrived(request, connection)
+        request.timed = len(self.timed_ids)
+        self.timed_ids.append(request.webhook_id)
+        self.timed_arrived.append(self.last)
+        self.timed_answered.append(0.0 if ms else self.last)
+        return ms / 1000, NO_CONTENT
+
+    def answered(self, request: Request) -> None:
+        """A timed request's delayed answer is being sent: its time is kept (unless the lists
+        were reset meanwhile)."""
+        at = request.timed
+        if at < len(self.timed_ids) and self.timed_ids[at] == request.webhook_id:
+            self.timed_answered[at] = time.time()
 
     def abandoned(self, request: Request) -> None:
         """A delayed request is answered or its connection lost: no longer in flight."""
@@ -147,8 +176,25 @@ class Recorder:
         self.ids.append(request.webhook_id)
         self.peers.add(connection)
 
+    def _read(self, method: str, path: str) -> bytes:
+        """The answer to a GET of a control endpoint."""
+        if method != "GET":
+            return NOT_FOUND
+        if path == "/_stats":
+            return self._stats()
+        if path == "/_progress":
+            return _json({"requests": len(self.ids)})
+        if path == "/_timed":
+            timed = {
+                "ids": self.timed_ids,
+                "arrived": self.timed_arrived,
+                "answered": self.timed_answered,
+            }
+            return _json(timed)
+        return NOT_FOUND
+
     def _stats(self) -> bytes:
-        body = json.dumps(
+        return _json(
             {
                 "requests": len(self.ids),
                 "distinct": len(set(self.ids) - {""}),
@@ -159,12 +205,16 @@ class Recorder:
                 "refused": self.refused,
                 "connections": len(self.peers),
             }
-        ).encode()
-        head = (
-            "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n"
         )
-        return head.encode() + body
+
+
+def _json(value: object) -> bytes:
+    """A 200 answer with ``value`` as its JSON body."""
+    body = json.dumps(value).encode()
+    head = (
+        f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 def _delay(path: str) -> float:
@@ -328,7 +378,10 @@ class Connection(asyncio.Protocol):
     def _later(self, request: Request, response: bytes) -> None:
         self.waiting = self.pending = None
         self.recorder.abandoned(request)
-        self.recorder.arrived(request, self.id)
+        if request.timed >= 0:
+            self.recorder.answered(request)
+        else:
+            self.recorder.arrived(request, self.id)
         self._send(request, response)
         if self.transport is not None:
             self.transport.resume_reading()

@@ -15,6 +15,12 @@ neither recurs while a running process delivers. Judged per round: the slow rece
 rate ÷ the instant receiver's in the same round, reported as the median of the per-round ratios
 with their spread; the drains' ratios are reported beside them, with the rates and each run's
 peak RSS.
+
+``lognormal_100ms_learned`` is the lognormal drain by a fresh process whose database holds what a
+process before it learned of the endpoint (``outbox_endpoint_limits``, ``relay/learned.py``): in
+the same database, a relay process drains ``TEACH_MESSAGES`` to the same receiver and exits (its
+limits are kept as it closes); its messages are truncated, then the backlog is enqueued and the
+measured process starts, as a new instance of a scaled-out or restarted app would.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import asyncio
 import logging
 import random
 import time
+from dataclasses import replace
 from typing import Any
 
 from bench.common import (
@@ -35,11 +42,20 @@ from bench.common import (
     relay_settings,
     settle,
 )
-from bench.throughput import Options, run_one
+from bench.throughput import BeforeEnqueue, Options, run_one, run_worker
 from outbox.core.settings import default_concurrency
 from outbox.relay.runtime import Relay
 
-RECEIVERS = {"instant": "/hook", "slow_100ms": "/slow/100", "lognormal_100ms": "/lognormal/100"}
+RECEIVERS = {
+    "instant": "/hook",
+    "slow_100ms": "/slow/100",
+    "lognormal_100ms": "/lognormal/100",
+    "lognormal_100ms_learned": "/lognormal/100",
+}
+# Drained by a fresh process after one before it learned the endpoint's limit.
+LEARNED = {"lognormal_100ms_learned"}
+# What that process before it drains (its limit doubles from 16 to 1,024 within about 2,000).
+TEACH_MESSAGES = 5_000
 
 
 async def measure(
@@ -60,7 +76,8 @@ async def measure(
         results: dict[str, dict[str, float]] = {}
         for name in names:
             options = Options(messages=messages, concurrency=concurrency, path=RECEIVERS[name])
-            run = await run_one("relay", round_, receiver, options)
+            before = taught(receiver, options) if name in LEARNED else None
+            run = await run_one("relay", round_, receiver, options, before)
             results[name] = {
                 "rate": run.rate,
                 # Where the middle 80 % is a single outcome write (a tiny smoke run): the drain's.
@@ -71,6 +88,28 @@ async def measure(
         log(f"slow receivers round {round_} ({', '.join(names)}): {results}")
         rounds.append(results)
     return summarise(rounds, concurrency, messages)
+
+
+def taught(receiver: ReceiverProcess, options: Options) -> BeforeEnqueue:
+    """A relay process drains ``TEACH_MESSAGES`` (at most the run's own) to the run's receiver in
+    the run's database and exits; then its messages and the receiver's counts are cleared."""
+
+    async def teach(db: Database) -> None:
+        count = min(TEACH_MESSAGES, options.messages)
+        conn = await db.connect()
+        try:
+            await enqueue_outbox(conn, count)
+            await settle(conn)
+            url = receiver.url(options.path)
+            run_worker("relay", url, db.url, replace(options, messages=count))
+            await conn.execute("TRUNCATE outbox_messages")  # its history too (0011)
+            learned = await conn.fetchval("SELECT max(concurrency) FROM outbox_endpoint_limits")
+        finally:
+            await conn.close()
+        await receiver.reset()
+        log(f"slow receivers: the process before learned a limit of {learned:.0f}")
+
+    return teach
 
 
 def summarise(

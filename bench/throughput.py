@@ -17,6 +17,7 @@ import json
 import random
 import subprocess
 import sys
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -106,7 +107,14 @@ def run_worker(contender: str, url: str, database_url: str, options: Options) ->
 OUTBOX_CONTENDERS = ("floor", "relay", "untraced", "seed")
 
 
-async def prepare(contender: str, db: Database, messages: int) -> int:
+# What runs in a contender's database once its schema is made, before its messages are enqueued
+# (``bench.slow``: a relay process before the measured one).
+BeforeEnqueue = Callable[[Database], Awaitable[None]]
+
+
+async def prepare(
+    contender: str, db: Database, messages: int, before_enqueue: BeforeEnqueue | None = None
+) -> int:
     """Create the contender's schema, then enqueue ``messages``; the WAL bytes of the enqueue."""
     conn = await db.connect()
     try:
@@ -114,6 +122,8 @@ async def prepare(contender: str, db: Database, messages: int) -> int:
             await db.migrate()
         elif contender == "pgqueuer":
             await install_pgqueuer(conn)
+        if before_enqueue is not None:
+            await before_enqueue(db)
         await conn.execute("CHECKPOINT")
         start = await wal_lsn(conn)
         if contender in OUTBOX_CONTENDERS:
@@ -169,7 +179,11 @@ async def database_wall_seconds(contender: str, db: Database, messages: int) -> 
 
 
 async def run_one(
-    contender: str, round_: int, receiver: ReceiverProcess, options: Options
+    contender: str,
+    round_: int,
+    receiver: ReceiverProcess,
+    options: Options,
+    before_enqueue: BeforeEnqueue | None = None,
 ) -> RunResult:
     await receiver.reset()
     wal = {"enqueue": 0, "drain": 0}
@@ -177,7 +191,7 @@ async def run_one(
     steady = None
     async with Database(contender) as db:
         if contender != "raw":
-            wal["enqueue"] = await prepare(contender, db, options.messages)
+            wal["enqueue"] = await prepare(contender, db, options.messages, before_enqueue)
         conn = await db.connect()
         try:
             start = await wal_lsn(conn)
