@@ -23,7 +23,6 @@ length), no trace context oversize check, no database errors unless a test sets 
 
 from __future__ import annotations
 
-import json
 import math
 import time
 import uuid
@@ -34,13 +33,12 @@ from typing import TYPE_CHECKING
 from uuid import UUID
 
 from outbox.core.errors import DatabaseError
-from outbox.core.models import LeasedMessage, Recorded, Status
+from outbox.core.models import LeasedMessage, Recorded
 from outbox.core.outcomes import attempt_facts
 from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES
 from outbox.store.contract import (
     BreakerSeen,
     Key,
-    LearnedLimit,
     Lease,
     OwnLimit,
     RelayStore,
@@ -48,69 +46,23 @@ from outbox.store.contract import (
     StartFrom,
     Written,
 )
-
-PENDING, PROCESSING = Status.PENDING.value, Status.PROCESSING.value
-PROCESSED, FAILED = Status.PROCESSED.value, Status.FAILED.value
-
-
-@dataclass(eq=False)
-class Row:
-    """One message, as ``outbox_messages`` holds it (times in the store's clock's seconds)."""
-
-    message_id: UUID
-    event_type: str
-    payload: str
-    created_at: float
-    ordering_key: str | None = None
-    ordering_seq: int | None = None
-    status: str = PENDING
-    attempt_count: int = 0
-    next_attempt_at: float = 0.0  # math.inf: parked behind an earlier message of its key
-    lease_expires_at: float | None = None
-    lease_token: UUID | None = None
-    processed_at: float | None = None
-    last_error: str | None = None
-    endpoint_state: str | None = None  # JSON text, as the column returns it
-    trace_context: str | None = None
-
-
-@dataclass(frozen=True)
-class AttemptEntry:
-    """One row of ``outbox_attempts``."""
-
-    message_id: UUID
-    endpoint: str | None
-    number: int
-    lease_token: UUID
-    outcome: str
-    applied: bool
-    http_status: int | None = None
-    error: str | None = None
-
-
-@dataclass
-class Endpoint:
-    """One row of ``outbox_endpoints``: an endpoint whose breaker counts or is open."""
-
-    failures: int = 0
-    opens: int = 0
-    reopen_at: float | None = None
-    probe_until: float | None = None
-
-
-@dataclass
-class LimitRow:
-    """One row of ``outbox_endpoint_limits``: a relay's limit of an endpoint."""
-
-    concurrency: float
-    settled: float | None
-    pushed_back_at: float | None
-    learned: bool
-    updated_at: float
-
-
-# A row of any relay is forgotten after a week (``forget_limits``).
-LIMIT_ROWS_KEPT_SECONDS = 7 * 24 * 3600.0
+from outbox.store.memory_rows import (
+    FAILED,
+    PENDING,
+    PROCESSED,
+    PROCESSING,
+    AttemptEntry,
+    Endpoint,
+    LimitRow,
+    Row,
+    apply_record,
+    due_at,
+    endpoint_status,
+    forget_limits,
+    in_way,
+    keep_limits,
+    learned_limits,
+)
 
 
 @dataclass(eq=False)
@@ -176,10 +128,10 @@ class MemoryStore:
             (
                 r
                 for r in self.messages.values()
-                if _due_at(r) <= now and r.status in (PENDING, PROCESSING)
+                if due_at(r) <= now and r.status in (PENDING, PROCESSING)
                 if r.event_type not in skip
             ),
-            key=lambda r: (_due_at(r), r.created_at),
+            key=lambda r: (due_at(r), r.created_at),
         )
         leased: list[LeasedMessage] = []
         parked = 0
@@ -228,8 +180,8 @@ class MemoryStore:
             for e in self._key(row.ordering_key)
             if e.ordering_seq is not None and e.ordering_seq < row.ordering_seq
         ]
-        in_way = [e for e in earlier if _in_way(e, hold)]
-        return in_way[-1] if in_way else None
+        blocking = [e for e in earlier if in_way(e, hold)]
+        return blocking[-1] if blocking else None
 
     def _key(self, key: str) -> list[Row]:
         rows = [r for r in self.messages.values() if r.ordering_key == key]
@@ -278,7 +230,7 @@ class MemoryStore:
             row = self._held(record.message)
             if row is not None:
                 applied.add(row.message_id)
-                _apply(row, record, now)
+                apply_record(row, record, now)
                 lets_next_go |= self._let_next_go(row, now, hold_on_failure)
             if row is not None or record.message.message_id in self.messages:
                 self._keep_history(record, applied=row is not None)  # none without its message
@@ -356,7 +308,7 @@ class MemoryStore:
         after = [
             n
             for n in self._key(row.ordering_key)
-            if (n.ordering_seq or 0) > (row.ordering_seq or 0) and _in_way(n, hold)
+            if (n.ordering_seq or 0) > (row.ordering_seq or 0) and in_way(n, hold)
         ]
         if not after or after[0].status != PENDING:
             return False
@@ -440,7 +392,7 @@ class MemoryStore:
                 row.event_type == key[0]
                 and row.status == PENDING
                 and row.next_attempt_at < reopen_at
-                and not any(_endpoint_status(row, other) == PENDING for other in others)
+                and not any(endpoint_status(row, other) == PENDING for other in others)
             ):
                 row.next_attempt_at = reopen_at  # waits for nothing but this endpoint
         return reopen_at - now
@@ -463,88 +415,19 @@ class MemoryStore:
         endpoint.probe_until = now + seconds
         return True
 
-    # The learned limits.
+    # The learned limits (the rules: memory_rows.py).
 
     async def start_limits(
         self, relay: UUID, keys: Sequence[Key], start: StartFrom, *, live_seconds: float
     ) -> Sequence[OwnLimit]:
         now = self._call("start_limits")
-        self._forget_limits(now, live_seconds)
-        wanted = set(keys)
-        rows = [
-            LearnedLimit(
-                *key,
-                row.concurrency,
-                row.settled,
-                now - row.updated_at,
-                None if row.pushed_back_at is None else now - row.pushed_back_at,
-                row.learned,
-            )
-            for (key, other), row in self.limits.items()
-            if key in wanted and other != relay
-        ]
-        kept = start(rows)
-        self._keep_limits(relay, kept, now)
+        forget_limits(self.limits, now, live_seconds)
+        kept = start(learned_limits(self.limits, relay, keys, now))
+        keep_limits(self.limits, relay, kept, now)
         return kept
 
     async def save_limits(self, relay: UUID, limits: Sequence[OwnLimit]) -> None:
-        self._keep_limits(relay, limits, self._call("save_limits"))
-
-    def _keep_limits(self, relay: UUID, limits: Sequence[OwnLimit], now: float) -> None:
-        for own in limits:
-            pushed = None if own.pushed_back_ago is None else now - own.pushed_back_ago
-            self.limits[((own.event_type, own.endpoint), relay)] = LimitRow(
-                own.concurrency, own.settled, pushed, own.learned, now
-            )
-
-    def _forget_limits(self, now: float, live_seconds: float) -> None:
-        latest: dict[Key, float] = {}
-        for (key, _), row in self.limits.items():
-            if row.learned:
-                latest[key] = max(latest.get(key, -math.inf), row.updated_at)
-        for (key, relay), row in list(self.limits.items()):
-            age = now - row.updated_at
-            kept = row.learned and row.updated_at >= latest[key]
-            if age > live_seconds and (age > LIMIT_ROWS_KEPT_SECONDS or not kept):
-                del self.limits[(key, relay)]
-
-
-def _apply(row: Row, record: Recorded, now: float) -> None:
-    """A message's outcome on its row, as ``record_outcomes``' update sets it."""
-    outcome, state = record.outcome, record.endpoint_state
-    row.status = outcome.status.value
-    if outcome.not_attempted:
-        row.attempt_count -= 1
-    else:
-        row.last_error = outcome.error
-    if outcome.status is Status.PENDING:
-        row.next_attempt_at = now + outcome.delay_seconds
-    row.processed_at = now if outcome.status is Status.PROCESSED else None
-    row.lease_expires_at = None
-    row.endpoint_state = (
-        None
-        if state is None
-        else json.dumps({n: s.as_json() for n, s in state.items()}, ensure_ascii=False)
-    )
-
-
-def _due_at(row: Row) -> float:
-    """When a row is due: its next attempt while Pending, its lease's end while Processing."""
-    if row.status == PROCESSING:
-        return -math.inf if row.lease_expires_at is None else row.lease_expires_at
-    return row.next_attempt_at
-
-
-def _in_way(row: Row, hold: bool) -> bool:
-    """Whether an earlier message of a key keeps the later ones waiting."""
-    return row.status != PROCESSED and (row.status != FAILED or hold)
-
-
-def _endpoint_status(row: Row, endpoint: str) -> str:
-    if row.endpoint_state is None:
-        return PENDING
-    state = json.loads(row.endpoint_state).get(endpoint)
-    return PENDING if state is None else str(state.get("status", PENDING))
+        keep_limits(self.limits, relay, limits, self._call("save_limits"))
 
 
 if TYPE_CHECKING:  # mypy checks that the memory store keeps the whole contract
