@@ -112,7 +112,7 @@ def test_a_key_in_the_address_may_read_but_not_act() -> None:
 def test_a_key_the_host_checked_names_the_caller_over_any_principal_header() -> None:
     token = caller.checked_key.set(caller.CheckedKey("vera", False, "192.0.2.4"))
     try:
-        seen = caller.of({"X-MS-CLIENT-PRINCIPAL-NAME": "ceo@example.com"})
+        seen = caller.of({"X-MS-CLIENT-PRINCIPAL-NAME": "ops@contoso.com"})
     finally:
         caller.checked_key.reset(token)
     assert (seen.name, seen.can_act, seen.address) == ("vera", False, "192.0.2.4")

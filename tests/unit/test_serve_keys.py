@@ -226,7 +226,7 @@ async def test_a_named_key_s_name_is_the_caller_and_a_viewer_s_may_not_act() -> 
         test_utils.TestServer(named_app()) as server,
         test_utils.TestClient(server) as client,
     ):
-        spoofed = {"X-MS-CLIENT-PRINCIPAL-NAME": "ceo@example.com"}  # no App Service Auth here
+        spoofed = {"X-MS-CLIENT-PRINCIPAL-NAME": "ops@contoso.com"}  # no App Service Auth here
         seen = []
         for method, route, key in [
             ("GET", "overview", ALICE),
