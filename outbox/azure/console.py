@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -147,35 +147,39 @@ async def on_endpoints(query: Query) -> HttpResult:
     return 200, {"endpoints": shown}
 
 
-@http_endpoint("pause")
-async def on_pause(body: bytes, who: Caller) -> HttpResult:
-    """``POST /api/outbox/pause`` ``{"event_type": …, "endpoint": …, "action_id": …}``."""
+async def _endpoint_action(
+    name: str, act: Callable[..., Awaitable[dict[str, Any]]], body: bytes, who: Caller
+) -> tuple[Any, dict[str, Any]]:
+    """An action on one endpoint (pause, resume, probe) as its route's body names it: the relay
+    and the action's result, logged unless another call runs the same ``action_id``."""
     actor = who.acting()
     data = requests.action_body(_json_object(body))
     relay = await functions_host.relay()
     endpoints = relay.settings.endpoint_names
     key = requests.key_of(endpoints, data.get("event_type"), data.get("endpoint"))
-    result = await actions.pause(relay.pool, key, actor=actor, action_id=data.get("action_id"))
+    result = await act(relay.pool, key, actor=actor, action_id=data.get("action_id"))
+    if not result.get("in_progress"):
+        log_event(
+            logger, logging.INFO, f"outbox.{name}", event_type=key[0], endpoint=key[1], by=who.name
+        )
+    return relay, result
+
+
+@http_endpoint("pause")
+async def on_pause(body: bytes, who: Caller) -> HttpResult:
+    """``POST /api/outbox/pause`` ``{"event_type": …, "endpoint": …, "action_id": …}``."""
+    _, result = await _endpoint_action("pause", actions.pause, body, who)
     if result.get("in_progress"):
         return _running(result)
-    log_event(logger, logging.INFO, "outbox.pause", event_type=key[0], endpoint=key[1], by=who.name)
     return 200, result
 
 
 @http_endpoint("resume")
 async def on_resume(body: bytes, who: Caller) -> HttpResult:
     """``POST /api/outbox/resume`` (as pause): what waited for the endpoint is drained now."""
-    actor = who.acting()
-    data = requests.action_body(_json_object(body))
-    relay = await functions_host.relay()
-    endpoints = relay.settings.endpoint_names
-    key = requests.key_of(endpoints, data.get("event_type"), data.get("endpoint"))
-    result = await actions.resume(relay.pool, key, actor=actor, action_id=data.get("action_id"))
+    relay, result = await _endpoint_action("resume", actions.resume, body, who)
     if result.get("in_progress"):
         return _running(result)
-    log_event(
-        logger, logging.INFO, "outbox.resume", event_type=key[0], endpoint=key[1], by=who.name
-    )
     if result.get("due"):
         await relay.wake_now()
     return 200, result
@@ -186,15 +190,9 @@ async def on_probe(body: bytes, who: Caller) -> HttpResult:
     """``POST /api/outbox/probe`` ``{"event_type": …, "endpoint": …, "action_id": …}``: the
     endpoint's breaker due for its probe now, its waiting messages due now, and a drain woken;
     409 when its breaker is not open."""
-    actor = who.acting()
-    data = requests.action_body(_json_object(body))
-    relay = await functions_host.relay()
-    endpoints = relay.settings.endpoint_names
-    key = requests.key_of(endpoints, data.get("event_type"), data.get("endpoint"))
-    result = await actions.probe(relay.pool, key, actor=actor, action_id=data.get("action_id"))
+    relay, result = await _endpoint_action("probe", actions.probe, body, who)
     if result.get("in_progress"):
         return _running(result)
-    log_event(logger, logging.INFO, "outbox.probe", event_type=key[0], endpoint=key[1], by=who.name)
     if not result["repeated"]:
         await relay.wake_now()
     return 200, result
