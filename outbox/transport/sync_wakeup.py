@@ -1,7 +1,7 @@
 """The wake-up hint from synchronous code: the hint of ``outbox.wakeup``, sent with the
 synchronous queue client and no event loop (``outbox.sync.notify``).
 
-The send runs in a short-lived daemon thread that the caller waits for at most
+The send runs in a daemon thread that the caller waits for at most
 ``NOTIFY_TIMEOUT_SECONDS``, the bound the async ``notify`` keeps with ``asyncio.timeout``: the
 synchronous client has per-request timeouts only, and a retry or the first hint's queue creation
 would add theirs up. A send still running then finishes (or times out) in its thread, unwaited.
@@ -10,6 +10,7 @@ would add theirs up. A send still running then finishes (or times out) in its th
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from types import TracebackType
 from typing import Self
@@ -17,6 +18,7 @@ from typing import Self
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
+from outbox.core.redact import Redactor
 from outbox.core.settings import QueueSettings
 from outbox.transport import wakeup
 
@@ -38,40 +40,81 @@ def notify_once(settings: QueueSettings | None = None) -> bool:
         return temporary.notify()
 
 
+class _Round:
+    """The callers of one send: set once it is answered, with the error that stopped it."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+
+
 class WakeUpQueue(wakeup.HintClient[QueueClient]):
     """Sends hints to the wake-up queue from synchronous code; reuse one per process (it holds
     an HTTP session). ``with`` closes it, as ``close()`` does."""
+
+    def __init__(
+        self,
+        client: QueueClient,
+        *,
+        redact: Redactor | None = None,
+        owns_credential: bool = False,
+    ) -> None:
+        super().__init__(client, redact=redact, owns_credential=owns_credential)
+        # The callers waiting for the next send, and whether a thread is sending rounds.
+        self._lock = threading.Lock()
+        self._next: _Round | None = None
+        self._sending = False
+        self._sender_pid = 0  # a forked child has no sender thread whatever its copy says
 
     @classmethod
     def client_for(cls, settings: QueueSettings) -> QueueClient:
         return make_sync_queue_client(settings)
 
     def notify(self) -> bool:
-        """Send one hint. Never raises: on failure, or without an answer within
+        """Send a hint. Never raises: on failure, or without an answer within
         ``NOTIFY_TIMEOUT_SECONDS``, it logs one warning and returns False.
 
         The outbox row is already committed, so a lost hint only delays delivery until the
-        next timer sweep.
+        next timer sweep. Hints asked for from several threads while one is on its way go out
+        together, as one message, once it has been answered (as the async client's do).
         """
-        outcome: list[BaseException | None] = []
-        sender = threading.Thread(
-            target=self._send_into, args=(outcome,), name="outbox-wake-up-hint", daemon=True
-        )
-        sender.start()
+        with self._lock:
+            if self._next is None:
+                self._next = _Round()
+            joined = self._next
+            if not self._sending or self._sender_pid != os.getpid():
+                sender = threading.Thread(
+                    target=self._send_rounds, name="outbox-wake-up-hint", daemon=True
+                )
+                try:
+                    sender.start()
+                except RuntimeError as exc:  # no thread to be had: this hint is lost, not the next
+                    self._next = None
+                    joined.error = exc
+                    joined.done.set()
+                else:
+                    self._sending, self._sender_pid = True, os.getpid()
         seconds = wakeup.NOTIFY_TIMEOUT_SECONDS
-        sender.join(seconds)
-        error = outcome[0] if outcome else TimeoutError(f"no answer in {seconds:g} s")
+        if joined.done.wait(seconds):
+            error = joined.error
+        else:
+            error = TimeoutError(f"no answer in {seconds:g} s")
         if error is not None:
             self.log_not_sent(error, self._redact)
         return error is None
 
-    def _send_into(self, outcome: list[BaseException | None]) -> None:
-        try:
-            self._send()
-        except Exception as exc:  # noqa: BLE001 - reported by notify(), which never raises
-            outcome.append(exc)
-        else:
-            outcome.append(None)
+    def _send_rounds(self) -> None:
+        while True:
+            with self._lock:
+                waiting, self._next = self._next, None
+                if waiting is None:
+                    self._sending = False
+                    return
+            try:
+                self._send()
+            except Exception as exc:  # noqa: BLE001 - reported by notify(), which never raises
+                waiting.error = exc
+            waiting.done.set()
 
     def _send(self) -> None:
         try:

@@ -191,26 +191,73 @@ async def notify_once(settings: QueueSettings | None = None) -> bool:
 
 
 class WakeUpQueue(HintClient[QueueClient], Closeable):
-    """Sends hints to the wake-up queue; reuse one per process (it holds an HTTP session)."""
+    """Sends hints to the wake-up queue; reuse one per process (it holds an HTTP session).
+
+    Hints asked for while one is on its way go out together, as one message, once it has been
+    answered: each caller still gets a hint sent after it asked (so after its commit), and a busy
+    producer sends about one per round trip to the queue rather than one per transaction (each is
+    a storage transaction and, for the queue trigger, an invocation).
+    """
+
+    def __init__(
+        self,
+        client: QueueClient,
+        *,
+        redact: Redactor | None = None,
+        owns_credential: bool = False,
+    ) -> None:
+        super().__init__(client, redact=redact, owns_credential=owns_credential)
+        # The callers waiting for the next send, and the task sending rounds while there are any.
+        self._next: asyncio.Future[BaseException | None] | None = None
+        self._sender: asyncio.Task[None] | None = None
 
     @classmethod
     def client_for(cls, settings: QueueSettings) -> QueueClient:
         return make_queue_client(settings)
 
     async def notify(self, *, delay_seconds: int = 0) -> bool:
-        """Send one hint (invisible for ``delay_seconds``, at most seven days). Never raises: on
-        failure it logs a warning and returns False.
+        """Send a hint (invisible for ``delay_seconds``, at most seven days), at the latest within
+        ``NOTIFY_TIMEOUT_SECONDS``. Never raises: on failure it logs a warning and returns False.
 
         The outbox row is already committed, so a lost hint only delays delivery until the
-        next timer sweep.
+        next timer sweep. Immediate hints share a send with those asked for at the same time.
         """
+        if delay_seconds > 0:
+            error = await self._send_timed(min(delay_seconds, MAX_DELAY_SECONDS))
+        else:
+            try:
+                error = await asyncio.wait_for(
+                    asyncio.shield(self._join_next_round()), NOTIFY_TIMEOUT_SECONDS
+                )
+            except TimeoutError:
+                error = TimeoutError(f"no answer in {NOTIFY_TIMEOUT_SECONDS:g} s")
+        if error is not None:
+            self.log_not_sent(error, self._redact)
+        return error is None
+
+    def _join_next_round(self) -> asyncio.Future[BaseException | None]:
+        """The future of the next send, which starts once the one on its way (if any) is over."""
+        loop = asyncio.get_running_loop()
+        if self._next is None or self._next.get_loop() is not loop:
+            self._next = loop.create_future()
+        joined = self._next
+        if self._sender is None or self._sender.done() or self._sender.get_loop() is not loop:
+            self._sender = loop.create_task(self._send_rounds(), name="outbox-wake-up-hints")
+        return joined
+
+    async def _send_rounds(self) -> None:
+        while (waiting := self._next) is not None:
+            self._next = None
+            waiting.set_result(await self._send_timed(0))
+
+    async def _send_timed(self, delay_seconds: int) -> BaseException | None:
+        """One hint sent within ``NOTIFY_TIMEOUT_SECONDS``; the error that stopped it, if any."""
         try:
             async with asyncio.timeout(NOTIFY_TIMEOUT_SECONDS):
-                await self._send(min(max(delay_seconds, 0), MAX_DELAY_SECONDS))
+                await self._send(delay_seconds)
         except Exception as exc:  # noqa: BLE001 - a hint must never fail the caller
-            self.log_not_sent(exc, self._redact)
-            return False
-        return True
+            return exc
+        return None
 
     async def _send(self, delay_seconds: int) -> None:
         visibility = {"visibility_timeout": delay_seconds} if delay_seconds else {}
@@ -223,4 +270,9 @@ class WakeUpQueue(HintClient[QueueClient], Closeable):
             await self.client.send_message(hint_message(delay_seconds), **visibility)
 
     async def close(self) -> None:
+        """Close the client once the hints asked for are sent (or have failed)."""
+        sender = self._sender
+        running = asyncio.get_running_loop()
+        if sender is not None and not sender.done() and sender.get_loop() is running:
+            await asyncio.wait({sender}, timeout=2 * NOTIFY_TIMEOUT_SECONDS)
         await close_queue_client(self.client, with_credential=self._owns_credential)

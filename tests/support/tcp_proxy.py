@@ -5,6 +5,8 @@ client sees a reset, as when a database host is lost); ``up()`` forwards again.
 ``hold_closes()`` forwards everything the server sends but keeps the client's side of a connection
 open after the server closed it, until ``release_closes()``: the client has read the server's last
 words and has not yet seen the end of the stream, a window that is otherwise a few microseconds.
+``hold_answers()`` keeps what the server sends until ``release_answers()``; ``requests`` counts
+what clients sent that starts as an HTTP request does.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+
+HTTP_METHODS = {b"GET", b"POST", b"PUT", b"DELETE", b"HEAD"}
 
 
 class TcpProxy:
@@ -23,6 +27,9 @@ class TcpProxy:
         self._up = True
         self._closes = asyncio.Event()
         self._closes.set()
+        self._answers = asyncio.Event()
+        self._answers.set()
+        self.requests = 0
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -52,6 +59,16 @@ class TcpProxy:
     def release_closes(self) -> None:
         self._closes.set()
 
+    def hold_answers(self) -> None:
+        self._answers.clear()
+
+    def release_answers(self) -> None:
+        self._answers.set()
+
+    def _sent(self, data: bytes) -> None:
+        if data.split(b" ", 1)[0] in HTTP_METHODS:
+            self.requests += 1
+
     async def _server_closed(self) -> None:
         self.closed_by_server += 1
         await self._closes.wait()
@@ -68,8 +85,8 @@ class TcpProxy:
             return
         self._writers.update({writer, upstream_writer})
         await asyncio.gather(
-            _pipe(reader, upstream_writer),
-            _pipe(upstream_reader, writer, before_close=self._server_closed),
+            _pipe(reader, upstream_writer, seen=self._sent),
+            _pipe(upstream_reader, writer, before_close=self._server_closed, gate=self._answers),
             return_exceptions=True,
         )
         for end in (writer, upstream_writer):
@@ -81,9 +98,15 @@ async def _pipe(
     reader: asyncio.StreamReader,
     writer: asyncio.StreamWriter,
     before_close: Callable[[], Awaitable[None]] | None = None,
+    seen: Callable[[bytes], None] | None = None,
+    gate: asyncio.Event | None = None,
 ) -> None:
     try:
         while data := await reader.read(65536):
+            if seen is not None:
+                seen(data)
+            if gate is not None:
+                await gate.wait()
             writer.write(data)
             await writer.drain()
         if before_close is not None:
