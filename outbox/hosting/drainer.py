@@ -10,7 +10,9 @@ was committed rather than wait for its deliveries in flight to be answered first
 
 ``PostgresListener`` keeps a connection of its own LISTENing. When the database goes away it
 connects again (every second at first, then less often, at most every ``RECONNECT_MAX_SECONDS``)
-and, once back, drains once: a notification sent while it was away is lost, not the row.
+and, once back, drains once: a notification sent while it was away is lost, not the row. While
+it is down the relay polls (``WakeUps.listening``): a database that answers the pool but not a
+new LISTEN is drained every few seconds, not at the next timer.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from outbox.core.errors import DatabaseError, describe
 from outbox.core.logs import Throttled
 from outbox.core.redact import Redactor
 from outbox.relay.processor import OutboxProcessor
+from outbox.relay.wakeups import FALLBACK_POLL_SECONDS, WakeUps
 from outbox.store.connection import Connection, ping
 from outbox.store.notify import listen_for_wakeups
 
@@ -37,7 +40,9 @@ IDLE_SECONDS = 60.0
 # How often the LISTENing connection is asked whether it still answers (a cut that sends no
 # FIN, a proxy that drops it, is found within this plus the command timeout).
 LISTEN_CHECK_SECONDS = 5.0
-RECONNECT_MAX_SECONDS = 10.0
+# A database back from a restart is heard (and drained) within this: a failed connection attempt
+# costs the server next to nothing.
+RECONNECT_MAX_SECONDS = 2.0
 RECONNECT_LOG_INTERVAL_SECONDS = 60.0
 
 
@@ -60,6 +65,8 @@ class Drainer:
         self._woken = asyncio.Event()
         self.drains = 0
         self._processor: OutboxProcessor | None = None
+        self._wakeups: WakeUps | None = None
+        self._heard = True  # whether the LISTENing connection (if any) is up
 
     def wake(self) -> None:
         """Drain as soon as the drain under way (if any) ends; that drain leases what came now."""
@@ -67,10 +74,18 @@ class Drainer:
         if self._processor is not None:
             self._processor.more_due()
 
+    def listening(self, heard: bool) -> None:
+        """The LISTENing connection is up (``heard``) or down: while it is down, the relay polls."""
+        self._heard = heard
+        if self._wakeups is not None:
+            self._wakeups.listening(heard, time.monotonic())
+
     async def run(self, stopping: asyncio.Event) -> None:
         relay = await functions_host.relay()
         self._processor = relay.processor
-        wakeups = relay.wakeups
+        self._wakeups = wakeups = relay.wakeups
+        if not self._heard:
+            wakeups.listening(False, time.monotonic())
         while not stopping.is_set():
             wakeups.changed.clear()
             due_in = wakeups.due_in(time.monotonic())
@@ -110,13 +125,18 @@ class PostgresListener:
             try:
                 conn = await listen_for_wakeups(self._url, self._drainer.wake, lost.set)
             except DatabaseError as exc:
-                self._throttled(f"wake-ups: cannot LISTEN ({exc.kind}); trying again")
+                self._throttled(
+                    f"wake-ups: cannot LISTEN ({exc.kind}); polling every "
+                    f"{FALLBACK_POLL_SECONDS:g} s and trying again"
+                )
+                self._drainer.listening(False)
                 troubled = True
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stopping.wait(), delay)
                 delay = min(delay * 2, RECONNECT_MAX_SECONDS)
                 continue
             delay = 1.0
+            self._drainer.listening(True)
             if troubled:
                 logger.info("wake-ups: listening again; draining what came meanwhile")
                 self._drainer.wake()
@@ -125,6 +145,8 @@ class PostgresListener:
                 await self._watch(conn, lost, stopping)
             finally:
                 conn.terminate()
+            if not stopping.is_set():
+                self._drainer.listening(False)
 
     async def _watch(self, conn: Connection, lost: asyncio.Event, stopping: asyncio.Event) -> None:
         while not (stopping.is_set() or lost.is_set()):

@@ -28,8 +28,9 @@ A NOTIFY fails once PostgreSQL's notification queue is full (a session that LIST
 in a transaction keeps every notification sent since it began), and a producer's failure is only
 a warning in the producer's log. So ``serve`` reads the queue's usage every few seconds
 (``notify_queue_read``); while it is above ``NOTIFY_QUEUE_ALERT_USAGE`` (core.settings), or for
-``NOTIFY_FAILED_POLL_SECONDS`` after a NOTIFY of its own failed, the process wants a run every
-``FALLBACK_POLL_SECONDS``: it polls, and goes back to waiting for wake-ups once neither holds.
+``NOTIFY_FAILED_POLL_SECONDS`` after a NOTIFY of its own failed, or while its LISTENing connection
+is down, the process wants a run every ``FALLBACK_POLL_SECONDS``: it polls, and goes back to
+waiting for wake-ups once none holds.
 """
 
 from __future__ import annotations
@@ -83,6 +84,8 @@ class WakeUps(Closeable):
         self._queue_high = False
         self._high_said_at: float | None = None
         self._notify_failed_at: float | None = None
+        # serve's LISTENing connection is down (OUTBOX_WAKEUP=postgres): no NOTIFY is heard.
+        self._deaf = False
 
     def run_starting(self, now: float) -> None:
         """A run starts at ``now`` (monotonic): it takes what was due by then."""
@@ -108,10 +111,13 @@ class WakeUps(Closeable):
 
     def polling(self, now: float) -> bool:
         """Whether wake-ups cannot be relied on at ``now`` (monotonic): the NOTIFY queue is above
-        the alert, or a NOTIFY of this process failed within ``NOTIFY_FAILED_POLL_SECONDS``."""
+        the alert, a NOTIFY of this process failed within ``NOTIFY_FAILED_POLL_SECONDS``, or
+        its LISTENing connection is down."""
         failed_at = self._notify_failed_at
-        return self._queue_high or (
-            failed_at is not None and now - failed_at < NOTIFY_FAILED_POLL_SECONDS
+        return (
+            self._queue_high
+            or self._deaf
+            or (failed_at is not None and now - failed_at < NOTIFY_FAILED_POLL_SECONDS)
         )
 
     def _poll(self, now: float) -> None:
@@ -144,6 +150,13 @@ class WakeUps(Closeable):
             )
             self._high_said_at = None
         self._queue_high = high
+        self._poll(now)
+
+    def listening(self, heard: bool, now: float) -> None:
+        """Whether serve's LISTENing connection is up at ``now`` (monotonic): while it is down,
+        polling (a database that answers the pool but not a new LISTEN, or one back before the
+        listener's next attempt, is drained within ``FALLBACK_POLL_SECONDS``)."""
+        self._deaf = not heard
         self._poll(now)
 
     def _notify_failed(self, now: float) -> None:

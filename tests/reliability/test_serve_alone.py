@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -25,12 +27,14 @@ import pytest
 
 import outbox
 import outbox.sync
+from outbox.azure.host import functions_host
 from outbox.core.settings import WAKEUP_CHANNEL
+from outbox.hosting.drainer import Drainer, PostgresListener
 from tests.conftest import SECRET
 from tests.support import pg
 from tests.support.azure import connection_string, free_port
 from tests.support.azurite import Azurite
-from tests.support.outbox_helpers import eventually, run_cli, statuses
+from tests.support.outbox_helpers import eventually, run_cli, seed, statuses
 from tests.support.processes import Child
 from tests.support.receiver import Receiver, Reply
 from tests.support.tcp_proxy import TcpProxy
@@ -319,6 +323,34 @@ async def test_over_postgres_serve_survives_a_database_restart_and_drains_what_c
         assert {r.webhook_id for r in receiver.requests} == {str(i) for i in ids}
     finally:
         await proxy.stop()
+
+
+async def test_over_postgres_serve_polls_while_its_listen_cannot_connect(
+    db: Any, app_env: None, receiver: Receiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The pool answers, a new LISTEN does not (here: it is sent where nothing listens), so no
+    # NOTIFY is heard: without polling, a commit would wait for the timer's next look (a minute).
+    monkeypatch.setenv("OUTBOX_WAKEUP", "postgres")
+    drainer = Drainer()
+    stopping = asyncio.Event()
+    deaf = PostgresListener(f"postgresql://postgres@127.0.0.1:{free_port()}/none", drainer)
+    tasks = [asyncio.create_task(drainer.run(stopping)), asyncio.create_task(deaf.run(stopping))]
+    try:
+        relay = await functions_host.relay()
+        await eventually(lambda: relay.wakeups.polling(time.monotonic()))
+        [message_id] = await seed(db)
+        await receiver.wait_for(1, timeout=SLACK_SECONDS)
+        assert receiver.requests[0].webhook_id == str(message_id)
+        stopping.set()
+        await asyncio.gather(*tasks)
+        # A listener that connects ends the polling.
+        stopping = asyncio.Event()
+        heard = PostgresListener(os.environ["OUTBOX_DATABASE_URL"], drainer)
+        tasks = [asyncio.create_task(heard.run(stopping))]
+        await eventually(lambda: not relay.wakeups.polling(time.monotonic()))
+    finally:
+        stopping.set()
+        await asyncio.gather(*tasks)
 
 
 @pytest.mark.slow
