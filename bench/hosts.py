@@ -57,6 +57,8 @@ QUEUE_NAME = "outbox-wakeup"
 CONTENDERS = ("serve_postgres", "serve_queue", "functions", "pgqueuer")
 # The producer each contender's messages come from (bench.offered).
 PRODUCER = {name: "pgqueuer" if name == "pgqueuer" else "outbox" for name in CONTENDERS}
+# Whose producers send each commit's hint to the wake-up queue (and wait for its answer).
+QUEUE_HINTED = frozenset({"serve_queue", "functions"})
 # The WebJobs SDK's queue listener: QueuePollingIntervals.Minimum, and its backoff's
 # randomisation (RandomizedExponentialBackoffStrategy.RandomizationFactor).
 POLL_MINIMUM_SECONDS = 0.1

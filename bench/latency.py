@@ -8,7 +8,9 @@ worker woken by its LISTEN/NOTIFY (``pgqueuer``). Per round, in an order drawn p
 contender gets a fresh database (and a fresh Azurite) per receiver, is started and warmed, and
 is offered each rate in turn, lowest first:
 
-- producers (``bench.offered``, a process of its own, ``connections`` connections) commit one
+- producers (``bench.offered``, a process of its own, ``connections`` connections;
+  ``queue_connections`` where each commit's hint goes to the queue and waits for its answer, as
+  an application's request would, so that more requests are open at once) commit one
   event per transaction on an open-loop schedule for ``warmup + seconds``; only messages
   committed in the last ``seconds`` count;
 - the receiver answers ``/timed/<ms>`` after 0 ms and after 50 ms (``delays``), and keeps each
@@ -70,6 +72,7 @@ class Plan:
     warmup: float = 10.0
     rounds: int = 1
     connections: int = 8
+    queue_connections: int = 48
     contenders: tuple[str, ...] = hosts.CONTENDERS
     pgq_max_tasks: int = 200
 
@@ -95,6 +98,7 @@ SMOKE = {
     "latency_warmup": 0.5,
     "latency_rounds": 1,
     "latency_connections": 2,
+    "latency_queue_connections": 2,
 }
 
 
@@ -111,6 +115,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--latency-warmup", type=float, default=10.0, help="seconds offered before each")
     add("--latency-rounds", type=int, default=1)
     add("--latency-connections", type=int, default=16, help="the producers' connections")
+    add(
+        "--latency-queue-connections",
+        type=int,
+        default=48,
+        help="the producers' connections where each commit's hint goes to the wake-up queue",
+    )
     add("--latency-contenders", default=",".join(hosts.CONTENDERS))
 
 
@@ -127,6 +137,7 @@ def plan_from(args: argparse.Namespace) -> Plan:
         warmup=args.latency_warmup,
         rounds=args.latency_rounds,
         connections=args.latency_connections,
+        queue_connections=args.latency_queue_connections,
         contenders=tuple(args.latency_contenders.split(",")),
         pgq_max_tasks=max(args.pgq_max_tasks, 200),
     )
@@ -280,10 +291,13 @@ async def start_producer(
     contender: Any, db: Database, rate: float, plan: Plan, commits_file: Path
 ) -> asyncio.subprocess.Process:
     kind = hosts.PRODUCER[contender.name]
+    connections = (
+        plan.queue_connections if contender.name in hosts.QUEUE_HINTED else plan.connections
+    )
     command = [
         *(sys.executable, "-m", "bench.offered", kind, "--database-url", db.url),
         *("--rate", str(rate), "--seconds", str(plan.warmup + plan.seconds)),
-        *("--connections", str(plan.connections), "--commits", str(commits_file)),
+        *("--connections", str(connections), "--commits", str(commits_file)),
     ]
     env = {**hosts.clean_environment(), **contender.producer_env}
     return await asyncio.create_subprocess_exec(
