@@ -69,12 +69,16 @@ class Relay(Closeable):
         until_caught_up: bool = False,
         trigger: str = "drain",
     ) -> DrainSummary:
-        """One run of the processor, then the wake-up the next run needs (if any)."""
+        """One run of the processor, then the wake-up the next run needs (if any); after a run
+        that caught up, the hints it made redundant are cleared."""
         self.wakeups.run_starting(time.monotonic())
+        started = time.time()
         summary = await self.processor.execute(
             budget_seconds, until_caught_up=until_caught_up, trigger=trigger
         )
         await self.wakeups.after_run(self.store, summary)
+        if summary.error is None and summary.stopped_by == "drained":
+            await self.wakeups.clear_covered(started)
         return summary
 
     async def wake_now(self) -> bool:

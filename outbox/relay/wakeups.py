@@ -40,13 +40,24 @@ import logging
 import math
 import time
 
+from azure.storage.queue.aio import QueueClient
+
 from outbox.core.backoff import JITTER_FRACTION
 from outbox.core.errors import DatabaseError
+from outbox.core.logs import Throttled
 from outbox.core.models import DrainSummary
 from outbox.core.resources import Closeable
 from outbox.core.settings import NOTIFY_QUEUE_ALERT_USAGE, QueueSettings
 from outbox.store.contract import RelayStore
-from outbox.transport.wakeup import MAX_DELAY_SECONDS, WakeUpQueue
+from outbox.transport.covered import clear_covered
+from outbox.transport.wakeup import (
+    MAX_DELAY_SECONDS,
+    NOTIFY_TIMEOUT_SECONDS,
+    WakeUpQueue,
+    close_queue_client,
+    make_queue_client,
+    queue_redactor,
+)
 
 logger = logging.getLogger("outbox.wakeups")
 
@@ -62,6 +73,8 @@ FALLBACK_POLL_SECONDS = 3.0
 NOTIFY_FAILED_POLL_SECONDS = 60.0
 # While the queue stays high, its warning is said again this often.
 NOTIFY_QUEUE_LOG_INTERVAL_SECONDS = 60.0
+# Hints a caught-up drain covered are looked for at most this often per process (a peek each).
+CLEAR_INTERVAL_SECONDS = 1.0
 
 
 class WakeUps(Closeable):
@@ -74,6 +87,10 @@ class WakeUps(Closeable):
         self._notifier = relay_store if settings.wakes_by_postgres else None
         self._uses_queue = settings.has_queue and not settings.wakes_by_postgres
         self._queue: WakeUpQueue | None = None
+        # The same queue as stored (no base64 policy), for clearing covered hints; when last.
+        self._raw: QueueClient | None = None
+        self._cleared_at = -math.inf
+        self._clear_failed = Throttled(logger, 60.0)
         # When each delayed hint this process sent becomes visible (monotonic), until then.
         self._scheduled: list[float] = []
         # The earliest time (monotonic) this process wants a run, sent or not; and its change.
@@ -215,6 +232,24 @@ class WakeUps(Closeable):
             self._scheduled.append(now + delay)
         return sent
 
+    async def clear_covered(self, drained_from: float) -> int:
+        """After a drain that began at ``drained_from`` (unix seconds) and ended caught up,
+        delete the hints it covered (``outbox.transport.covered``), at most every
+        ``CLEAR_INTERVAL_SECONDS``; how many. A failure is a warning, at most one a minute."""
+        now = time.monotonic()
+        if not self._uses_queue or now - self._cleared_at < CLEAR_INTERVAL_SECONDS:
+            return 0
+        self._cleared_at = now
+        try:
+            if self._raw is None:
+                self._raw = make_queue_client(self._settings, encoded=False)
+            async with asyncio.timeout(NOTIFY_TIMEOUT_SECONDS):
+                return await clear_covered(self._raw, drained_from)
+        except Exception as exc:  # noqa: BLE001 - only a cost: the hints wake drains as before
+            text = queue_redactor(self._settings)(f"{type(exc).__name__}: {exc}")
+            self._clear_failed(f"wake-ups: hints a drain covered not cleared: {text}")
+            return 0
+
     def _queue_client(self) -> WakeUpQueue:
         if self._queue is None:
             self._queue = WakeUpQueue.from_settings(self._settings)
@@ -223,3 +258,5 @@ class WakeUps(Closeable):
     async def close(self) -> None:
         if self._queue is not None:
             await self._queue.close()
+        if self._raw is not None:
+            await close_queue_client(self._raw)
