@@ -78,7 +78,7 @@ class Relay(Closeable):
         )
         await self.wakeups.after_run(self.store, summary)
         if summary.error is None and summary.stopped_by == "drained":
-            await self.wakeups.clear_covered(started)
+            self.wakeups.clear_covered(started)
         return summary
 
     async def wake_now(self) -> bool:

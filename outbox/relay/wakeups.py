@@ -90,6 +90,7 @@ class WakeUps(Closeable):
         # The same queue as stored (no base64 policy), for clearing covered hints; when last.
         self._raw: QueueClient | None = None
         self._cleared_at = -math.inf
+        self._clearing: asyncio.Task[int] | None = None
         self._clear_failed = Throttled(logger, 60.0)
         # When each delayed hint this process sent becomes visible (monotonic), until then.
         self._scheduled: list[float] = []
@@ -232,14 +233,20 @@ class WakeUps(Closeable):
             self._scheduled.append(now + delay)
         return sent
 
-    async def clear_covered(self, drained_from: float) -> int:
+    def clear_covered(self, drained_from: float) -> None:
         """After a drain that began at ``drained_from`` (unix seconds) and ended caught up,
-        delete the hints it covered (``outbox.transport.covered``), at most every
-        ``CLEAR_INTERVAL_SECONDS``; how many. A failure is a warning, at most one a minute."""
+        delete the hints it covered (``outbox.transport.covered``) in the background, at most
+        every ``CLEAR_INTERVAL_SECONDS`` and one clearing at a time: the run's caller (an
+        invocation) does not wait for it. A failure is a warning, at most one a minute."""
         now = time.monotonic()
         if not self._uses_queue or now - self._cleared_at < CLEAR_INTERVAL_SECONDS:
-            return 0
+            return
+        if self._clearing is not None and not self._clearing.done():
+            return
         self._cleared_at = now
+        self._clearing = asyncio.create_task(self._clear(drained_from), name="outbox-clear-hints")
+
+    async def _clear(self, drained_from: float) -> int:
         try:
             if self._raw is None:
                 self._raw = make_queue_client(self._settings, encoded=False)
@@ -256,6 +263,8 @@ class WakeUps(Closeable):
         return self._queue
 
     async def close(self) -> None:
+        if self._clearing is not None and not self._clearing.done():
+            await asyncio.wait({self._clearing}, timeout=NOTIFY_TIMEOUT_SECONDS)
         if self._queue is not None:
             await self._queue.close()
         if self._raw is not None:
