@@ -174,8 +174,9 @@ class WakeUps(Closeable):
         """Whether serve's LISTENing connection is up at ``now`` (monotonic): while it is down,
         polling (a database that answers the pool but not a new LISTEN, or one back before the
         listener's next attempt, is drained within ``FALLBACK_POLL_SECONDS``)."""
-        self._deaf = not heard
-        self._poll(now)
+        lost, self._deaf = heard is False and not self._deaf, not heard
+        if lost:  # then each run that ends asks for the next (a database error: in 30 s)
+            self._poll(now)
 
     def _notify_failed(self, now: float) -> None:
         if not self.polling(now):
@@ -263,8 +264,9 @@ class WakeUps(Closeable):
         return self._queue
 
     async def close(self) -> None:
-        if self._clearing is not None and not self._clearing.done():
-            await asyncio.wait({self._clearing}, timeout=NOTIFY_TIMEOUT_SECONDS)
+        clearing = self._clearing
+        if clearing is not None and clearing.get_loop() is asyncio.get_running_loop():
+            await asyncio.wait({clearing}, timeout=NOTIFY_TIMEOUT_SECONDS)
         if self._queue is not None:
             await self._queue.close()
         if self._raw is not None:

@@ -13,7 +13,7 @@ import contextlib
 import os
 import threading
 from types import TracebackType
-from typing import Self
+from typing import Self, cast
 
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
@@ -60,11 +60,12 @@ class WakeUpQueue(wakeup.HintClient[QueueClient]):
         owns_credential: bool = False,
     ) -> None:
         super().__init__(client, redact=redact, owns_credential=owns_credential)
-        # The callers waiting for the next send, and whether a thread is sending rounds.
+        # The callers waiting for the next send (and the process that made the round: a forked
+        # child has no thread for its parent's), and the latest send's answer.
         self._lock = threading.Lock()
         self._next: _Round | None = None
-        self._sending = False
-        self._sender_pid = 0  # a forked child has no sender thread whatever its copy says
+        self._next_pid = 0
+        self._last: threading.Event | None = None
 
     @classmethod
     def client_for(cls, settings: QueueSettings) -> QueueClient:
@@ -79,21 +80,22 @@ class WakeUpQueue(wakeup.HintClient[QueueClient]):
         together, as one message, once it has been answered (as the async client's do).
         """
         with self._lock:
-            if self._next is None:
-                self._next = _Round()
-            joined = self._next
-            if not self._sending or self._sender_pid != os.getpid():
-                sender = threading.Thread(
-                    target=self._send_rounds, name="outbox-wake-up-hint", daemon=True
-                )
-                try:
-                    sender.start()
-                except RuntimeError as exc:  # no thread to be had: this hint is lost, not the next
-                    self._next = None
-                    joined.error = exc
-                    joined.done.set()
-                else:
-                    self._sending, self._sender_pid = True, os.getpid()
+            fresh = self._next is None or self._next_pid != os.getpid()
+            if fresh:
+                self._next, self._next_pid = _Round(), os.getpid()
+            joined = cast(_Round, self._next)
+        if fresh:
+            sender = threading.Thread(
+                target=self._send_round, args=(joined,), name="outbox-wake-up-hint", daemon=True
+            )
+            try:
+                sender.start()
+            except RuntimeError as exc:  # no thread to be had: this round is lost, not the next
+                with self._lock:
+                    if self._next is joined:
+                        self._next = None
+                joined.error = exc
+                joined.done.set()
         seconds = wakeup.NOTIFY_TIMEOUT_SECONDS
         if joined.done.wait(seconds):
             error = joined.error
@@ -103,17 +105,21 @@ class WakeUpQueue(wakeup.HintClient[QueueClient]):
             self.log_not_sent(error, self._redact)
         return error is None
 
-    def _send_rounds(self) -> None:
-        while True:
-            with self._lock:
-                waiting, self._next = self._next, None
-                if waiting is None:
-                    self._sending = False
-                    return
-            try:
-                self._send()
-            except Exception as exc:  # noqa: BLE001 - reported by notify(), which never raises
-                waiting.error = exc
+    def _send_round(self, waiting: _Round) -> None:
+        with self._lock:
+            before = self._last
+        if before is not None:
+            before.wait(wakeup.ROUND_PATIENCE_SECONDS)
+        with self._lock:
+            if self._next is waiting:
+                self._next = None  # from now on, callers wait for the round after this one
+            self._last = answered = threading.Event()
+        try:
+            self._send()
+        except Exception as exc:  # noqa: BLE001 - reported by notify(), which never raises
+            waiting.error = exc
+        finally:
+            answered.set()
             waiting.done.set()
 
     def _send(self) -> None:

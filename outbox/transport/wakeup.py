@@ -27,6 +27,9 @@ logger = logging.getLogger("outbox.wakeup")
 
 # A hint is worth little after a few seconds; the business request that sent it must not wait long.
 NOTIFY_TIMEOUT_SECONDS = 5.0
+# Hints asked for while one is on its way wait for its answer to go out together, but no longer
+# than this: a slow answer must not hold every caller behind it.
+ROUND_PATIENCE_SECONDS = 0.5
 # The longest an Azure Storage queue keeps a message invisible after it is sent: seven days.
 MAX_DELAY_SECONDS = 7 * 24 * 3600
 CLIENT_OPTIONS: dict[str, Any] = {
@@ -194,9 +197,10 @@ class WakeUpQueue(HintClient[QueueClient], Closeable):
     """Sends hints to the wake-up queue; reuse one per process (it holds an HTTP session).
 
     Hints asked for while one is on its way go out together, as one message, once it has been
-    answered: each caller still gets a hint sent after it asked (so after its commit), and a busy
-    producer sends about one per round trip to the queue rather than one per transaction (each is
-    a storage transaction and, for the queue trigger, an invocation).
+    answered (or has been out for ``ROUND_PATIENCE_SECONDS``): each caller still gets a hint sent
+    after it asked (so after its commit), and a busy producer sends about one per round trip to
+    the queue rather than one per transaction (each is a storage transaction and, for the queue
+    trigger, an invocation).
     """
 
     def __init__(
@@ -207,9 +211,11 @@ class WakeUpQueue(HintClient[QueueClient], Closeable):
         owns_credential: bool = False,
     ) -> None:
         super().__init__(client, redact=redact, owns_credential=owns_credential)
-        # The callers waiting for the next send, and the task sending rounds while there are any.
+        # The callers waiting for the next send; done once the latest send is answered; the
+        # rounds under way.
         self._next: asyncio.Future[BaseException | None] | None = None
-        self._sender: asyncio.Task[None] | None = None
+        self._last: asyncio.Future[None] | None = None
+        self._rounds: set[asyncio.Task[None]] = set()
 
     @classmethod
     def client_for(cls, settings: QueueSettings) -> QueueClient:
@@ -236,19 +242,28 @@ class WakeUpQueue(HintClient[QueueClient], Closeable):
         return error is None
 
     def _join_next_round(self) -> asyncio.Future[BaseException | None]:
-        """The future of the next send, which starts once the one on its way (if any) is over."""
+        """The future of the next send, which starts once the one on its way (if any) is
+        answered or has been out for ``ROUND_PATIENCE_SECONDS``."""
         loop = asyncio.get_running_loop()
         if self._next is None or self._next.get_loop() is not loop:
             self._next = loop.create_future()
-        joined = self._next
-        if self._sender is None or self._sender.done() or self._sender.get_loop() is not loop:
-            self._sender = loop.create_task(self._send_rounds(), name="outbox-wake-up-hints")
-        return joined
+            task = loop.create_task(self._send_round(self._next), name="outbox-wake-up-hint")
+            self._rounds.add(task)
+            task.add_done_callback(self._rounds.discard)
+        return self._next
 
-    async def _send_rounds(self) -> None:
-        while (waiting := self._next) is not None:
-            self._next = None
+    async def _send_round(self, waiting: asyncio.Future[BaseException | None]) -> None:
+        loop = asyncio.get_running_loop()
+        before = self._last
+        if before is not None and not before.done() and before.get_loop() is loop:
+            await asyncio.wait({before}, timeout=ROUND_PATIENCE_SECONDS)
+        if self._next is waiting:
+            self._next = None  # from now on, callers wait for the round after this one
+        self._last = answered = loop.create_future()
+        try:
             waiting.set_result(await self._send_timed(0))
+        finally:
+            answered.set_result(None)
 
     async def _send_timed(self, delay_seconds: int) -> BaseException | None:
         """One hint sent within ``NOTIFY_TIMEOUT_SECONDS``; the error that stopped it, if any."""
@@ -271,8 +286,8 @@ class WakeUpQueue(HintClient[QueueClient], Closeable):
 
     async def close(self) -> None:
         """Close the client once the hints asked for are sent (or have failed)."""
-        sender = self._sender
         running = asyncio.get_running_loop()
-        if sender is not None and not sender.done() and sender.get_loop() is running:
-            await asyncio.wait({sender}, timeout=2 * NOTIFY_TIMEOUT_SECONDS)
+        rounds = {task for task in self._rounds if task.get_loop() is running}
+        if rounds:
+            await asyncio.wait(rounds, timeout=NOTIFY_TIMEOUT_SECONDS + ROUND_PATIENCE_SECONDS)
         await close_queue_client(self.client, with_credential=self._owns_credential)
