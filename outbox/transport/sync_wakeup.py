@@ -18,7 +18,6 @@ from typing import Self, cast
 from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
-from outbox.core.redact import Redactor
 from outbox.core.settings import QueueSettings
 from outbox.transport import wakeup
 
@@ -52,14 +51,7 @@ class WakeUpQueue(wakeup.HintClient[QueueClient]):
     """Sends hints to the wake-up queue from synchronous code; reuse one per process (it holds
     an HTTP session). ``with`` closes it, as ``close()`` does."""
 
-    def __init__(
-        self,
-        client: QueueClient,
-        *,
-        redact: Redactor | None = None,
-        owns_credential: bool = False,
-    ) -> None:
-        super().__init__(client, redact=redact, owns_credential=owns_credential)
+    def _rounds_begin(self) -> None:
         # The callers waiting for the next send (and the process that made the round: a forked
         # child has no thread for its parent's), and the latest send's answer.
         self._lock = threading.Lock()

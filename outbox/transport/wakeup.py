@@ -130,6 +130,10 @@ class HintClient(Generic[Client]):
         self.client = client
         self._redact = redact or Redactor([])
         self._owns_credential = owns_credential
+        self._rounds_begin()
+
+    def _rounds_begin(self) -> None:
+        """Set up what the client's rounds of hints keep (each kind keeps its own)."""
 
     @classmethod
     def client_for(cls, settings: QueueSettings) -> Client:
@@ -203,14 +207,7 @@ class WakeUpQueue(HintClient[QueueClient], Closeable):
     trigger, an invocation).
     """
 
-    def __init__(
-        self,
-        client: QueueClient,
-        *,
-        redact: Redactor | None = None,
-        owns_credential: bool = False,
-    ) -> None:
-        super().__init__(client, redact=redact, owns_credential=owns_credential)
+    def _rounds_begin(self) -> None:
         # The callers waiting for the next send; done once the latest send is answered; the
         # rounds under way.
         self._next: asyncio.Future[BaseException | None] | None = None
