@@ -102,6 +102,9 @@ SETTING_DEFAULTS = {"OUTBOX_QUEUE_NAME": DEFAULT_QUEUE_NAME}
 # How often, with OUTBOX_WAKEUP=postgres, the NOTIFY queue's usage is read: at the fastest fill
 # reported (8 KB NOTIFYs, about 40 s from empty to full) it is found high long before it is full.
 NOTIFY_QUEUE_CHECK_SECONDS = 5.0
+# The queue listener's wait after a receive that found nothing, after one that found a message
+# (the host's minimum polling interval).
+MIN_POLL_SECONDS = 0.1
 # Wrong keys one address may send within WRONG_KEYS_WINDOW_SECONDS before it is answered 429.
 WRONG_KEYS_ALLOWED = 10
 WRONG_KEYS_WINDOW_SECONDS = 60.0
@@ -215,6 +218,25 @@ def index(app: func.FunctionApp) -> list[Binding]:
     return found
 
 
+class PollWait:
+    """How long the listener waits after a receive that found nothing, as the host's queue
+    listener does (the WebJobs SDK's ``QueuePollingIntervals.Minimum`` then doubling, without its
+    randomisation): ``MIN_POLL_SECONDS`` after a receive that found a message, twice that after
+    each further empty one, at most ``maxPollingInterval``. No wait after a message."""
+
+    def __init__(self, maximum: float) -> None:
+        self.maximum = maximum
+        self._next = min(MIN_POLL_SECONDS, maximum)
+
+    def found(self) -> None:
+        self._next = min(MIN_POLL_SECONDS, self.maximum)
+
+    def empty(self) -> float:
+        """The wait after this empty receive."""
+        wait, self._next = self._next, min(self._next * 2, self.maximum)
+        return wait
+
+
 class QueueListener:
     """Feeds one queue to one queue-triggered function, with the host's retry and poison rules."""
 
@@ -229,7 +251,7 @@ class QueueListener:
 
     async def run(self, stopping: asyncio.Event) -> None:
         created = False
-        idle = 0.1
+        idle = PollWait(self.options.max_polling_interval)
         while not stopping.is_set():
             try:
                 if not created:
@@ -241,10 +263,11 @@ class QueueListener:
                 # A failed delete or retry only makes that message come back (one more drain).
                 logger.warning("queue %s: %s", self.queue.queue_name, type(exc).__name__)
                 handled = False
-            idle = 0.1 if handled else min(idle * 2, self.options.max_polling_interval)
-            if not handled:
+            if handled:
+                idle.found()
+            else:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stopping.wait(), idle)
+                    await asyncio.wait_for(stopping.wait(), idle.empty())
 
     async def close(self) -> None:
         await close_queue_client(self.queue)
