@@ -10,8 +10,10 @@ So after such a drain the relay looks at the queue's oldest hints (a peek: no me
 or counted as dequeued by looking) and deletes those sent more than ``COVERED_MARGIN_SECONDS``
 before the drain began (the storage service's clock against the host's: a host clock ahead of
 the service's by more than that could delete a hint the drain did not cover, whose rows the
-timer's sweep then delivers). A delayed hint counts from the time it asked to wake a run
-(``wakeAt``). What the queue trigger holds at the time is invisible here and left to it.
+timer's sweep then delivers). A hint counts from the latest time it carries: when the queue took
+it, when it was last refreshed (``requestedAt``: a producer updates its waiting hint rather than
+send another, ``outbox.transport.wakeup``), when it asked to wake a run (``wakeAt``, delayed).
+What the queue trigger holds at the time is invisible here and left to it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextlib
 import json
 from datetime import datetime
 
@@ -33,16 +36,23 @@ MAX_BATCHES = 4
 
 
 def hint_time(content: str | None, inserted: datetime | None) -> float | None:
-    """When a hint asks a drain to have run by (unix seconds): its ``wakeAt``, else when the
-    queue took it; None if neither is known. ``content`` is the stored (base64) text."""
+    """When a hint asks a drain to have run by (unix seconds): the latest of when the queue took
+    it, its ``requestedAt`` (a hint refreshed in place keeps its insertion time) and its
+    ``wakeAt``; None if none is known. ``content`` is the stored (base64) text; a field that is
+    not an aware ISO 8601 time is passed over."""
+    times = [inserted.timestamp()] if inserted is not None else []
     try:
         data = json.loads(base64.b64decode(content or "", validate=True))
-        wake_at = data.get("wakeAt") if isinstance(data, dict) else None
-        if isinstance(wake_at, str):
-            return datetime.fromisoformat(wake_at).timestamp()
     except (ValueError, binascii.Error):  # not one of ours: when the queue took it decides
-        pass
-    return inserted.timestamp() if inserted is not None else None
+        data = None
+    for name in ("requestedAt", "wakeAt"):
+        value = data.get(name) if isinstance(data, dict) else None
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                moment = datetime.fromisoformat(value)
+                if moment.tzinfo is not None:
+                    times.append(moment.timestamp())
+    return max(times, default=None)
 
 
 def is_covered(content: str | None, inserted: datetime | None, drained_from: float) -> bool:

@@ -13,9 +13,9 @@ import contextlib
 import os
 import threading
 from types import TracebackType
-from typing import Self, cast
+from typing import Any, Self, cast
 
-from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import QueueClient
 
 from outbox.core.settings import QueueSettings
@@ -49,7 +49,8 @@ class _Round:
 
 class WakeUpQueue(wakeup.HintClient[QueueClient]):
     """Sends hints to the wake-up queue from synchronous code; reuse one per process (it holds
-    an HTTP session). ``with`` closes it, as ``close()`` does."""
+    an HTTP session). ``with`` closes it, as ``close()`` does. Its last hint, while still
+    waiting in the queue, is refreshed rather than repeated, as the async client's."""
 
     def _rounds_begin(self) -> None:
         # The callers waiting for the next send (and the process that made the round: a forked
@@ -58,6 +59,7 @@ class WakeUpQueue(wakeup.HintClient[QueueClient]):
         self._next: _Round | None = None
         self._next_pid = 0
         self._last: threading.Event | None = None
+        self._waiting: wakeup.Waiting | None = None
 
     @classmethod
     def client_for(cls, settings: QueueSettings) -> QueueClient:
@@ -115,13 +117,34 @@ class WakeUpQueue(wakeup.HintClient[QueueClient]):
             waiting.done.set()
 
     def _send(self) -> None:
+        with self._lock:  # taken for this send: an overlapping round sends a hint of its own
+            waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            try:
+                refreshed = self.client.update_message(
+                    waiting.id,
+                    waiting.pop_receipt,
+                    content=wakeup.hint_message(),
+                    visibility_timeout=0,
+                )
+            except HttpResponseError as exc:
+                self._refresh_refused(exc)
+            else:
+                with self._lock:
+                    self._waiting = self._waiting_hint(waiting.id, refreshed.pop_receipt)
+                return
+        sent = self._put()
+        with self._lock:
+            self._waiting = self._waiting_hint(sent.id, sent.pop_receipt)
+
+    def _put(self) -> Any:
         try:
-            self.client.send_message(wakeup.hint_message())
+            return self.client.send_message(wakeup.hint_message())
         except ResourceNotFoundError:
             # First hint on a new storage account: create the queue, then send again.
             with contextlib.suppress(ResourceExistsError):
                 self.client.create_queue()
-            self.client.send_message(wakeup.hint_message())
+            return self.client.send_message(wakeup.hint_message())
 
     def close(self) -> None:
         """Close the client, and the identity credential ``from_settings`` made for it."""

@@ -12,9 +12,9 @@ import importlib
 import json
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import Any, Generic, Self, TypeVar, cast
+from typing import Any, Generic, NamedTuple, Self, TypeVar, cast
 
-from azure.core.exceptions import ResourceExistsError, ResourceNotFoundError
+from azure.core.exceptions import HttpResponseError, ResourceExistsError, ResourceNotFoundError
 from azure.storage.queue import TextBase64DecodePolicy, TextBase64EncodePolicy
 from azure.storage.queue.aio import QueueClient
 
@@ -53,6 +53,18 @@ NEEDS_IDENTITY = (
 )
 
 Client = TypeVar("Client")
+
+
+class Waiting(NamedTuple):
+    """The last hint a client sent, while no relay may have taken it: a relay's receive gives it
+    a new pop receipt, and then an update with this one fails."""
+
+    id: str
+    pop_receipt: str
+
+    @classmethod
+    def of(cls, message_id: str | None, pop_receipt: str | None) -> Waiting | None:
+        return cls(message_id, pop_receipt) if message_id and pop_receipt else None
 
 
 def hint_message(delay_seconds: int = 0) -> str:
@@ -130,6 +142,10 @@ class HintClient(Generic[Client]):
         self.client = client
         self._redact = redact or Redactor([])
         self._owns_credential = owns_credential
+        # Whether the last hint sent, while still waiting, is refreshed rather than repeated: not
+        # once the queue refused an update (403: a *Storage Queue Data Message Sender* identity
+        # or a SAS may add messages, not update them).
+        self.refreshes = True
         self._rounds_begin()
 
     def _rounds_begin(self) -> None:
@@ -153,6 +169,24 @@ class HintClient(Generic[Client]):
         except Exception as exc:  # noqa: BLE001 - a misconfigured hint must not fail the caller
             cls.log_not_sent(exc)
             return None
+
+    def _waiting_hint(self, message_id: str | None, pop_receipt: str | None) -> Waiting | None:
+        """What to refresh next time, after a hint was sent or refreshed: nothing where this
+        client may not update hints."""
+        return Waiting.of(message_id, pop_receipt) if self.refreshes else None
+
+    def _refresh_refused(self, exc: HttpResponseError) -> None:
+        """The queue refused to refresh the waiting hint: it was taken by a relay (another pop
+        receipt), deleted or expired, and a new one is sent; on a 403, this client may only add
+        hints, and from now on sends one each round, as before refreshing existed."""
+        if exc.status_code == 403 and self.refreshes:
+            self.refreshes = False
+            logger.info(
+                "wake-up hints: this client may send hints but not update them (%s), so each "
+                "round sends one; docs/producer.md says which role lets a waiting hint be "
+                "refreshed",
+                self._redact(str(getattr(exc, "error_code", None) or exc.status_code)),
+            )
 
     @staticmethod
     def log_not_sent(exc: BaseException, redact: Redactor | None = None) -> None:
@@ -205,14 +239,20 @@ class WakeUpQueue(HintClient[QueueClient], Closeable):
     after it asked (so after its commit), and a busy producer sends about one per round trip to
     the queue rather than one per transaction (each is a storage transaction and, for the queue
     trigger, an invocation).
+
+    And while the last hint it sent is still waiting in the queue (no relay has taken it), the
+    next one refreshes it (an update of its content) instead of adding another: the run it wakes
+    begins after the refresh, so after the caller's commit. The queue then holds about one hint
+    per producer process, not one per transaction, and the queue trigger scales on its length.
     """
 
     def _rounds_begin(self) -> None:
         # The callers waiting for the next send; done once the latest send is answered; the
-        # rounds under way.
+        # rounds under way; the last immediate hint sent, while it may still be waiting.
         self._next: asyncio.Future[BaseException | None] | None = None
         self._last: asyncio.Future[None] | None = None
         self._rounds: set[asyncio.Task[None]] = set()
+        self._waiting: Waiting | None = None
 
     @classmethod
     def client_for(cls, settings: QueueSettings) -> QueueClient:
@@ -272,14 +312,33 @@ class WakeUpQueue(HintClient[QueueClient], Closeable):
         return None
 
     async def _send(self, delay_seconds: int) -> None:
+        if delay_seconds:
+            await self._put(delay_seconds)
+            return
+        # Taken for this send: a round overlapping it finds none and sends a hint of its own.
+        waiting, self._waiting = self._waiting, None
+        if waiting is not None:
+            try:
+                refreshed = await self.client.update_message(
+                    waiting.id, waiting.pop_receipt, content=hint_message(), visibility_timeout=0
+                )
+            except HttpResponseError as exc:
+                self._refresh_refused(exc)
+            else:
+                self._waiting = self._waiting_hint(waiting.id, refreshed.pop_receipt)
+                return
+        sent = await self._put(0)
+        self._waiting = self._waiting_hint(sent.id, sent.pop_receipt)
+
+    async def _put(self, delay_seconds: int) -> Any:
         visibility = {"visibility_timeout": delay_seconds} if delay_seconds else {}
         try:
-            await self.client.send_message(hint_message(delay_seconds), **visibility)
+            return await self.client.send_message(hint_message(delay_seconds), **visibility)
         except ResourceNotFoundError:
             # First hint on a new storage account: create the queue, then send again.
             with contextlib.suppress(ResourceExistsError):
                 await self.client.create_queue()
-            await self.client.send_message(hint_message(delay_seconds), **visibility)
+            return await self.client.send_message(hint_message(delay_seconds), **visibility)
 
     async def close(self) -> None:
         """Close the client once the hints asked for are sent (or have failed)."""

@@ -18,7 +18,7 @@ from azure.storage.queue.aio import QueueClient
 from outbox.azure import functions as relay_functions
 from outbox.core.settings import QueueSettings
 from outbox.transport import covered
-from outbox.transport.wakeup import WakeUpQueue, make_queue_client
+from outbox.transport.wakeup import hint_message, make_queue_client, notify_once
 from tests.support.outbox_helpers import eventually, queued_hints, seed
 from tests.support.receiver import Receiver
 
@@ -43,10 +43,10 @@ async def test_hints_sent_before_a_drain_began_are_deleted_and_later_ones_kept(
 ) -> None:
     monkeypatch.setattr(covered, "COVERED_MARGIN_SECONDS", 0.0)
     raw = make_queue_client(queue_settings, encoded=False)
-    async with raw, WakeUpQueue.from_settings(queue_settings) as queue:
-        assert await queue.notify()  # creates the queue
-        for _ in range(70):  # more than two peeks' worth
-            assert await queue.notify()
+    async with raw:
+        assert await notify_once(queue_settings)  # creates the queue
+        for _ in range(70):  # more than two peeks' worth, as many producer processes send them
+            await raw.send_message(stored(hint_message()))
         await raw.send_message("not base64, not ours")  # counted from when the queue took it
         wakes_later = stored({"requestedAt": "x", "wakeAt": "2999-01-01T00:00:00+00:00"})
         await raw.send_message(wakes_later)  # visible now, but asks for a run far later
@@ -73,10 +73,11 @@ async def test_a_queue_trigger_s_drain_clears_the_hints_it_covered(
     monkeypatch.setenv("OUTBOX_QUEUE_NAME", queue_settings.queue_name)
     monkeypatch.setattr(covered, "COVERED_MARGIN_SECONDS", 0.0)
     [message_id] = await seed(db)
-    async with WakeUpQueue.from_settings(queue_settings) as queue:
-        for _ in range(40):  # one per commit, as 40 producers' requests would have sent them
-            assert await queue.notify()
-    assert await queued_hints(queue_settings) >= 1
+    assert await notify_once(queue_settings)  # creates the queue
+    async with make_queue_client(queue_settings, encoded=False) as producers:
+        for _ in range(40):  # one per commit, as 40 producer processes would have sent them
+            await producers.send_message(stored(hint_message()))
+    assert await queued_hints(queue_settings) == 41
     await next_second()
     raw = make_queue_client(queue_settings, encoded=False)
     async with raw:

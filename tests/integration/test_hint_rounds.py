@@ -46,7 +46,7 @@ async def test_a_hundred_hints_asked_for_at_once_are_one_message(
         assert await queue.notify()  # the first creates the queue
         sent = await asyncio.gather(*(queue.notify() for _ in range(100)))
     assert sent == [True] * 100
-    assert await queued_hints(queue_settings) == 2
+    assert await queued_hints(queue_settings) == 1  # the second round refreshed the first hint
 
 
 def sync_sender(settings: QueueSettings) -> tuple[Sender, object]:
@@ -83,6 +83,8 @@ async def test_a_hint_asked_for_while_one_is_on_its_way_waits_for_it_a_moment_th
         assert proxy.requests == before + 1
         assert not any(task.done() for task in later)
         # Once it has been out for the round's patience, the five go out together without it.
+        # (The first send refreshes the waiting hint; these send one of their own, since the
+        # refresh on its way will change the hint's pop receipt.)
         await eventually(lambda: proxy.requests == before + 2)
         assert not first.done()
         proxy.release_answers()
@@ -94,7 +96,7 @@ async def test_a_hint_asked_for_while_one_is_on_its_way_waits_for_it_a_moment_th
         closing = queue.close()  # type: ignore[attr-defined]
         if asyncio.iscoroutine(closing):
             await closing
-    assert await queued_hints(queue_settings) == 3
+    assert await queued_hints(queue_settings) == 2
 
 
 async def test_sync_hints_from_many_threads_at_once_are_few_messages(
@@ -106,6 +108,7 @@ async def test_sync_hints_from_many_threads_at_once_are_few_messages(
             *(asyncio.to_thread(outbox.sync.notify, queue) for _ in range(40))
         )
     assert sent == [True] * 40
-    # Each thread's hint went in the round after the one on its way when it asked: at most one
-    # round per send, and the forty threads cannot all have found none on its way.
-    assert 2 <= await queued_hints(queue_settings) < 40
+    # Each thread's hint went in the round after the one on its way when it asked, and each
+    # round refreshed the hint still waiting: one message, or a few where a round overlapped
+    # another that was slow to be answered (each such round sends one of its own).
+    assert 1 <= await queued_hints(queue_settings) < 40
