@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -14,7 +16,15 @@ BIN = ROOT / "tools" / "node_modules" / ".bin"
 
 
 class Azurite:
-    """One Azurite process (queue service only, or the full emulator), in memory."""
+    """One Azurite process (queue service only, or the full emulator), its data in a temporary
+    folder removed at ``stop()``.
+
+    Not in memory (``--inMemoryPersistence``): that store keeps each message written as an extent
+    of its own, and its garbage collection, every 60 s, walks them all on Node's one thread. At
+    100 hints a second the queue then stopped answering from about 60 s after start, for 5 s and
+    more (every request of a 90 s probe timed out after its 60th second). On disk, 100 s at the
+    same rate answered every request within 40 ms (docs/benchmarks/journal, 2026-12-07).
+    """
 
     def __init__(self, *, full: bool = False, tls: tuple[Path, Path] | None = None) -> None:
         """``tls``: a certificate and its key: Azurite then speaks HTTPS and checks OAuth
@@ -24,6 +34,7 @@ class Azurite:
         self.queue_port = free_port()
         self.blob_port = free_port() if full else None
         self.process: subprocess.Popen[bytes] | None = None
+        self.location: Path | None = None
 
     @property
     def queue_service_uri(self) -> str:
@@ -39,9 +50,11 @@ class Azurite:
         executable = BIN / ("azurite" if self.full else "azurite-queue")
         if not executable.exists():
             raise RuntimeError(f"{executable} not found: install Azurite with `make test`")
+        self.location = Path(tempfile.mkdtemp(prefix="azurite-"))
         args = [
             str(executable),
-            "--inMemoryPersistence",
+            "--location",
+            str(self.location),
             "--skipApiVersionCheck",
             "--disableTelemetry",
             "--silent",
@@ -92,3 +105,6 @@ class Azurite:
                 self.process.kill()
                 self.process.wait()
         self.process = None
+        if self.location is not None:
+            shutil.rmtree(self.location, ignore_errors=True)
+            self.location = None
