@@ -80,7 +80,11 @@ class Azurite:
         self.process = subprocess.Popen(
             args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
         )
-        self._wait_until_listening(timeout)
+        try:
+            self._wait_until_listening(timeout)
+        except BaseException:
+            self.stop()  # and its folder with it
+            raise
         return self
 
     def _wait_until_listening(self, timeout: float) -> None:
