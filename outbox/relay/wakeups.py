@@ -2,12 +2,14 @@
 
 A retry is due 10 s, 20 s, 40 s … after its failure, and a ``Retry-After`` at a time of the
 receiver's choosing; without more, only the five-minute sweep would come back for it. So after
-each run the relay asks the database when the next Pending message comes due and sends one
+a run the relay asks the database when the next Pending message comes due and sends one
 wake-up hint that stays invisible until then: an Azure Storage queue takes a visibility timeout
 on send, up to seven days (until the retry's nominal time, in fact: a retry is jittered up to a
 tenth earlier, and those that failed together are woken together). At most one such hint per
 run, and none while a hint this process sent already wakes a run by then: the run it wakes
-handles what is due and schedules the next.
+handles what is due and schedules the next. After a run that set no due time to come, the
+answer from before stands for up to a second (``NEXT_DUE_REFRESH_SECONDS``): a drain woken by new
+rows does not pay a fourth query for a time it did not change.
 
 After a run that gave messages back at its end (its budget spent, the relay stopping) one hint
 is sent at once, so that another drain takes them; after a run that ended on a database error,
@@ -75,6 +77,10 @@ NOTIFY_FAILED_POLL_SECONDS = 60.0
 NOTIFY_QUEUE_LOG_INTERVAL_SECONDS = 60.0
 # Hints a caught-up drain covered are looked for at most this often per process (a peek each).
 CLEAR_INTERVAL_SECONDS = 1.0
+# After a run that set no due time to come (nothing retried, nothing given back), the next due
+# time asked before stands, while a run is still wanted by then: it is asked again at most this
+# often (another process's retries, an operator's change), or once that time has come.
+NEXT_DUE_REFRESH_SECONDS = 1.0
 
 
 class WakeUps(Closeable):
@@ -104,6 +110,10 @@ class WakeUps(Closeable):
         self._notify_failed_at: float | None = None
         # serve's LISTENing connection is down (OUTBOX_WAKEUP=postgres): no NOTIFY is heard.
         self._deaf = False
+        # When the next due time was last asked (monotonic), and the run its answer wanted
+        # (monotonic), or None: no Pending message waits for a time.
+        self._next_due_asked: float | None = None
+        self._next_due: float | None = None
 
     def run_starting(self, now: float) -> None:
         """A run starts at ``now`` (monotonic): it takes what was due by then."""
@@ -191,10 +201,15 @@ class WakeUps(Closeable):
     async def after_run(self, relay_store: RelayStore, summary: DrainSummary) -> None:
         """Wake the next run when it is needed: now, after a database error, when the next
         message comes due, or, while polling, in ``FALLBACK_POLL_SECONDS``."""
+        asked = time.monotonic()
+        if self._next_due_stands(summary, asked):
+            self._poll(asked)
+            return
+        self._next_due_asked = None  # until answered: this run may have set a time to come
         if summary.stopped_by == "error":
             await self.wake_in(DATABASE_RETRY_SECONDS)
             return
-        self._poll(time.monotonic())
+        self._poll(asked)
         if summary.released and summary.stopped_by in ("budget", "stopped"):
             await self.wake_now()
         try:
@@ -202,10 +217,28 @@ class WakeUps(Closeable):
         except DatabaseError as exc:
             logger.warning("outbox: when the next message comes due is unknown: %s", exc.kind)
             return
+        self._next_due_asked = asked
+        self._next_due = None
         if due_in is not None:
             # A retry lands up to a tenth before its nominal delay (jitter): waking at the
             # earliest one's nominal time takes those that failed with it in the same run.
             await self.wake_in(due_in / (1 - JITTER_FRACTION))
+            self._next_due = self._due  # the run wanted for it (or an earlier one)
+
+    def _next_due_stands(self, summary: DrainSummary, now: float) -> bool:
+        """Whether the next due time asked before still holds after ``summary``'s run, at
+        ``now`` (monotonic): the run set none to come, it was asked within
+        ``NEXT_DUE_REFRESH_SECONDS``, and the run it wanted has not come and is still wanted
+        (a run that began just before it takes the timer, maybe without the message)."""
+        asked, due = self._next_due_asked, self._next_due
+        return (
+            summary.stopped_by == "drained"
+            and summary.retried == 0
+            and summary.released == 0
+            and asked is not None
+            and now - asked < NEXT_DUE_REFRESH_SECONDS
+            and (due is None or (due > now and self._due is not None and self._due <= due))
+        )
 
     async def wake_now(self) -> bool:
         """One hint, visible at once (requeued messages, messages given back): a NOTIFY with
