@@ -142,6 +142,26 @@ async def test_lease_uses_the_partial_index(db: Any) -> None:
     assert not re.search(r'"Seq Scan",[^}]*"Relation Name": "outbox_messages"', str(plan))
 
 
+async def test_a_new_installation_appends_attempts_to_a_range_without_a_summary(db: Any) -> None:
+    # 0024: an attempt appended to a BRIN range without a summary writes nothing to the index;
+    # the range is summarised once (by autovacuum when full; here by hand) and then holds it.
+    await db.execute(
+        "INSERT INTO outbox_attempts (outbox_message_id, attempt_number, lease_token, started_at,"
+        " finished_at, duration_ms, outcome, applied)"
+        " VALUES (gen_random_uuid(), 1, gen_random_uuid(), now(), now(), 1, 'Processed', true)"
+    )
+    summarised = await db.fetchval(
+        "SELECT brin_summarize_range('outbox_attempts_finished_idx'::regclass, 0)"
+    )
+    assert summarised == 1  # it had none
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM outbox_attempts WHERE finished_at >= now() - interval '1 minute'"
+        )
+        == 1
+    )
+
+
 def with_extra(tmp_path: Path, name: str, sql: str) -> Path:
     """The package's migrations and one more, ``name``, in a folder of their own."""
     for migration in discover():
