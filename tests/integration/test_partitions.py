@@ -174,6 +174,32 @@ async def test_a_row_no_partition_covers_waits_in_the_default_partition_until_pu
     assert status["healthy"]
 
 
+async def test_an_attempts_partition_made_ahead_appends_to_a_range_without_a_summary(
+    partitioned: Any,
+) -> None:
+    # 0025: an attempt appended to a BRIN range without a summary writes nothing to the index;
+    # the range is summarised once (by autovacuum when full; here by hand) and then holds it.
+    db = partitioned
+    step = timedelta(days=1)
+    later = naming.floor(datetime.now(UTC), step) + 10 * step  # past those made ahead
+    name = naming.partition_name("outbox_attempts", later, step)
+    assert name in await partitions.ensure_partitions(db, later, later + step)
+    await db.execute(
+        "INSERT INTO outbox_attempts (outbox_message_id, attempt_number, lease_token, started_at,"
+        " finished_at, duration_ms, outcome, applied, recorded_at)"
+        " VALUES (gen_random_uuid(), 1, gen_random_uuid(), $1, $1, 1, 'Processed', true, $1)",
+        later + timedelta(hours=1),
+    )
+    index = await db.fetchval(
+        "SELECT i.indexrelid::regclass::text FROM pg_index AS i"
+        " JOIN pg_class AS c ON c.oid = i.indexrelid JOIN pg_am AS a ON a.oid = c.relam"
+        " WHERE i.indrelid = to_regclass($1) AND a.amname = 'brin'",
+        name,
+    )
+    assert index is not None
+    assert await db.fetchval("SELECT brin_summarize_range($1::regclass, 0)", index) == 1
+
+
 async def past_days(db: Any, days: int) -> datetime:
     """Partitions for the ``days`` days before today; returns the first day's start."""
     today = naming.floor(datetime.now(UTC), timedelta(days=1))
