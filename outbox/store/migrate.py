@@ -14,7 +14,9 @@ after a backoff), for at most ``max_lock_wait`` seconds in all.
 
 A file whose first line is ``-- outbox: no-transaction`` holds one statement that PostgreSQL runs
 only outside a transaction, ``CREATE INDEX CONCURRENTLY IF NOT EXISTS …``: it is run alone, then
-recorded (docs/internals.md, "Writing a migration").
+recorded (docs/internals.md, "Writing a migration"). PostgreSQL builds no index concurrently on a
+partitioned table (the partitioned layout) nor drops one so: there the build is made partition by
+partition and the drop takes the table's lock for an instant (``schema.IndexBuild``).
 """
 
 from __future__ import annotations
@@ -73,6 +75,15 @@ _CONCURRENT_INDEX = re.compile(
     r"((?:\"[^\"]+\"|\w+)(?:\.(?:\"[^\"]+\"|\w+))?)",
     re.IGNORECASE,
 )
+# The same build, read whole: for a partitioned table it is built partition by partition.
+_INDEX_BUILD = re.compile(
+    r"^CREATE\s+(?P<unique>UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+"
+    r"(?P<index>\w+)\s+ON\s+(?:ONLY\s+)?(?P<table>\w+)\s+(?P<rest>.+?)\s*;?$",
+    re.IGNORECASE | re.DOTALL,
+)
+_INDEX_DROP = re.compile(
+    r"^DROP\s+INDEX\s+CONCURRENTLY\s+IF\s+EXISTS\s+(?P<index>\w+)\s*;?$", re.IGNORECASE
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,12 +100,31 @@ class Migration:
         """False for a file marked ``-- outbox: no-transaction`` on its first line."""
         return self.sql.partition("\n")[0].strip() != NO_TRANSACTION
 
+    def _body(self) -> str:
+        """The statement, without its comment lines."""
+        return "\n".join(
+            line for line in self.sql.splitlines() if not line.lstrip().startswith("--")
+        ).strip()
+
+    def index_build(self) -> schema.IndexBuild | None:
+        """A no-transaction file's ``CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS name ON
+        table …`` (plain names), read into its parts; None for any other statement."""
+        match = _INDEX_BUILD.match(self._body())
+        if match is None:
+            return None
+        return schema.IndexBuild(
+            match["index"].lower(), match["table"].lower(), match["rest"], bool(match["unique"])
+        )
+
+    def index_drop(self) -> str | None:
+        """The index a no-transaction ``DROP INDEX CONCURRENTLY IF EXISTS name`` drops."""
+        match = _INDEX_DROP.match(self._body())
+        return None if match is None else match["index"].lower()
+
     def concurrent_index(self) -> str | None:
         """The index a no-transaction file builds (``CREATE INDEX CONCURRENTLY IF NOT EXISTS``),
         if it builds one; MigrationError when the file breaks the convention."""
-        body = "\n".join(
-            line for line in self.sql.splitlines() if not line.lstrip().startswith("--")
-        ).strip()
+        body = self._body()
         if body.rstrip(";").count(";"):
             raise MigrationError(
                 f"migration {self.name} is marked no-transaction and holds more than one "
@@ -194,7 +224,14 @@ async def _apply_one(
             )
         else:
             await schema.apply_migration_alone(
-                conn, migration.name, migration.sql, migration.checksum, bookkeeping, index
+                conn,
+                migration.name,
+                migration.sql,
+                migration.checksum,
+                bookkeeping,
+                index,
+                build=migration.index_build(),
+                drop=migration.index_drop(),
             )
 
     await retrying(conn, f"migration {migration.name}", max_lock_wait, apply)

@@ -752,6 +752,28 @@ SELECT i.indexrelid::regclass::text
 FROM pg_index AS i
 WHERE i.indexrelid = to_regclass($1) AND NOT i.indisvalid;
 
+-- relation_kind --
+-- The kind of relation $1 ('r' a table, 'p' a partitioned one, 'i' an index, 'I' a partitioned
+-- index), else nothing
+SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1);
+
+-- index_valid --
+-- Whether index $1 is valid (a partitioned index: once every partition has one attached)
+SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1);
+
+-- partitions_without_index --
+-- The leaf partitions (their names) of the partitioned table $1 that have no index attached to
+-- its partitioned index $2
+SELECT c.relname
+FROM pg_partition_tree(to_regclass($1)) AS t
+JOIN pg_class AS c ON c.oid = t.relid
+WHERE t.isleaf
+  AND NOT EXISTS (SELECT 1
+                  FROM pg_inherits AS h
+                  JOIN pg_index AS x ON x.indexrelid = h.inhrelid
+                  WHERE h.inhparent = to_regclass($2) AND x.indrelid = t.relid)
+ORDER BY c.relname;
+
 -- database_exists --
 -- Whether a database of this name ($1) exists on the server (make run's embedded PostgreSQL)
 SELECT 1 FROM pg_database WHERE datname = $1;

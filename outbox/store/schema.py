@@ -12,8 +12,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from outbox.core.errors import MigrationError
 from outbox.store.connection import (
     MIGRATION_STATEMENT_TIMEOUT_SECONDS,
     Connection,
@@ -22,6 +24,9 @@ from outbox.store.connection import (
     fetchval,
 )
 from outbox.store.sql import QUERIES, fill, identifier
+
+# PostgreSQL's longest name (NAMEDATALEN - 1): a longer one is cut, silently.
+MAX_NAME_LENGTH = 63
 
 
 class Bookkeeping(NamedTuple):
@@ -89,6 +94,37 @@ async def apply_migration(
         await conn.execute(bookkeeping.statement("record_migration"), name, checksum)
 
 
+@dataclass(frozen=True, slots=True)
+class IndexBuild:
+    """``CREATE [UNIQUE] INDEX CONCURRENTLY IF NOT EXISTS index ON table rest``, in its parts."""
+
+    index: str
+    table: str
+    rest: str  # the columns and what follows them, as written
+    unique: bool
+
+    def statement(self, name: str, table: str, *, concurrently: bool, only: bool = False) -> str:
+        """The build of index ``name`` on ``table`` (``ONLY``: a partitioned table's own index,
+        without building any on its partitions)."""
+        return (
+            f"CREATE {'UNIQUE ' if self.unique else ''}INDEX "
+            f"{'CONCURRENTLY ' if concurrently else ''}IF NOT EXISTS {identifier(name)} "
+            f"ON {'ONLY ' if only else ''}{identifier(table)} {self.rest}"
+        )
+
+    def on_partition(self, partition: str) -> str:
+        """Its name on ``partition``: the partition's name, then the index's after the table's
+        (``outbox_messages_p20261207_due_idx`` for ``outbox_messages_due_idx``)."""
+        own = self.index.removeprefix(self.table + "_")
+        name = f"{partition}_{own}"
+        if len(name) > MAX_NAME_LENGTH:
+            raise MigrationError(
+                f"index {self.index} on partition {partition} would be named {name!r}, longer "
+                f"than PostgreSQL's {MAX_NAME_LENGTH} characters: give the index a shorter name"
+            )
+        return name
+
+
 @database_boundary
 async def apply_migration_alone(
     conn: Connection,
@@ -97,17 +133,60 @@ async def apply_migration_alone(
     checksum: str,
     bookkeeping: Bookkeeping = RELAY_MIGRATIONS,
     index: str | None = None,
+    *,
+    build: IndexBuild | None = None,
+    drop: str | None = None,
 ) -> None:
     """Run one statement that cannot run in a transaction (``CREATE INDEX CONCURRENTLY``), then
     record it. ``index``: the index it builds. A build that failed (here, or in a process that
     died) leaves that index INVALID, which ``IF NOT EXISTS`` would take for done: it is dropped
     first. Run again after a failure between the statement and its record, the statement finds
-    its work done."""
-    if index is not None:
+    its work done. On a partitioned table (``build``, ``drop``: the statement read) the index is
+    built partition by partition (``build_partitioned_index``), and dropped without
+    ``CONCURRENTLY``, which PostgreSQL refuses there: its table's lock for an instant, under
+    the session's lock timeout."""
+    if build is not None and await fetchval(conn, QUERIES["relation_kind"], build.table) == "p":
+        await build_partitioned_index(conn, build)
+    elif drop is not None and await fetchval(conn, QUERIES["relation_kind"], drop) == "I":
+        await conn.execute(
+            f"DROP INDEX IF EXISTS {identifier(drop)}",
+            timeout=MIGRATION_STATEMENT_TIMEOUT_SECONDS,
+        )
+    elif index is not None:
         await build_index_concurrently(conn, index, sql)
     else:
         await conn.execute(sql, timeout=MIGRATION_STATEMENT_TIMEOUT_SECONDS)
     await conn.execute(bookkeeping.statement("record_migration"), name, checksum)
+
+
+@database_boundary
+async def build_partitioned_index(conn: Connection, build: IndexBuild) -> None:
+    """``build`` on a partitioned table, as PostgreSQL's documentation advises: the table's own
+    index first (``ON ONLY``: invalid, built on no partition, but every partition made from now
+    on gets its own), then one built concurrently on each partition that has none (dropping an
+    INVALID one a failed build left) and attached to it; valid once every partition has one.
+    Producers and relays write throughout; run again after a failure, it goes on where it
+    stopped."""
+    timeout = MIGRATION_STATEMENT_TIMEOUT_SECONDS
+    own = build.statement(build.index, build.table, concurrently=False, only=True)
+    await conn.execute(own, timeout=timeout)
+    for row in await conn.fetch(QUERIES["partitions_without_index"], build.table, build.index):
+        partition = row["relname"]
+        name = build.on_partition(partition)
+        valid = await conn.fetchval(QUERIES["index_valid"], name)
+        if valid is False:
+            await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {identifier(name)}")
+        if valid is not True:
+            statement = build.statement(name, partition, concurrently=True)
+            await conn.execute(statement, timeout=timeout)
+        await conn.execute(
+            f"ALTER INDEX {identifier(build.index)} ATTACH PARTITION {identifier(name)}"
+        )
+    if not await conn.fetchval(QUERIES["index_valid"], build.index):
+        raise MigrationError(
+            f"index {build.index} is not valid yet: a partition of {build.table} has none "
+            "attached (made or dropped meanwhile?); run migrate again"
+        )
 
 
 @database_boundary

@@ -8,6 +8,7 @@ import asyncio
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -18,6 +19,7 @@ from outbox import operations
 from outbox.core.errors import DuplicateMessageError
 from outbox.operations.requests import RequeueFilter
 from outbox.store import partitions
+from outbox.store.migrate import discover, migrate
 from outbox.store.partitions import maintenance, naming
 from tests.support.outbox_helpers import open_relay, run_cli, seed, statuses
 from tests.support.receiver import Receiver
@@ -424,3 +426,109 @@ async def test_cli_migrate_partitioned_and_status(database_url: str, outbox_layo
     bad = await run_cli("migrate", "--partition-interval", "hourly", env=env)
     assert bad.returncode == 2
     assert "--partition-interval applies to migrate --partitioned only" in bad.stderr
+
+
+# A later migration's index, built and then dropped on the partitioned layout, where PostgreSQL
+# builds none CONCURRENTLY on the partitioned table itself (docs/internals.md, "Writing a
+# migration").
+EVENT_TYPE_INDEX = "outbox_messages_event_type_idx"
+BUILD_INDEX = (
+    "-- outbox: no-transaction\n"
+    f"CREATE INDEX CONCURRENTLY IF NOT EXISTS {EVENT_TYPE_INDEX}\n"
+    "    ON outbox_messages (event_type) WHERE status = 'Pending';\n"
+)
+DROP_INDEX = f"-- outbox: no-transaction\nDROP INDEX CONCURRENTLY IF EXISTS {EVENT_TYPE_INDEX};\n"
+
+
+def migrations_with(folder: Path, extra: dict[str, str]) -> Path:
+    """The package's migrations and ``extra`` (name: text), in ``folder``."""
+    for migration in discover():
+        (folder / migration.name).write_text(migration.sql, encoding="utf-8")
+    for name, sql in extra.items():
+        (folder / name).write_text(sql, encoding="utf-8")
+    return folder
+
+
+async def attached(db: Any, index: str) -> dict[str, tuple[str, bool]]:
+    """Each partition with an index attached to the partitioned ``index``: its name, and whether
+    it is valid."""
+    rows = await db.fetch(
+        "SELECT c.relname, x.indexrelid::regclass::text AS name, x.indisvalid"
+        " FROM pg_inherits AS h"
+        " JOIN pg_index AS x ON x.indexrelid = h.inhrelid JOIN pg_class AS c ON c.oid = x.indrelid"
+        " WHERE h.inhparent = to_regclass($1)",
+        index,
+    )
+    return {row["relname"]: (row["name"], row["indisvalid"]) for row in rows}
+
+
+async def leaves(db: Any, table: str) -> set[str]:
+    rows = await db.fetch(
+        "SELECT relid::regclass::text FROM pg_partition_tree($1::regclass) WHERE isleaf", table
+    )
+    return {row[0] for row in rows}
+
+
+async def index_valid(db: Any, index: str) -> bool | None:
+    valid: bool | None = await db.fetchval(
+        "SELECT indisvalid FROM pg_index WHERE indexrelid = to_regclass($1)", index
+    )
+    return valid
+
+
+async def test_a_later_index_migration_is_built_on_every_partition(
+    partitioned: Any, tmp_path: Path
+) -> None:
+    db = partitioned
+    folder = migrations_with(tmp_path, {"9001_event_type.sql": BUILD_INDEX})
+    assert await migrate(db, folder) == ["9001_event_type.sql"]
+    assert await index_valid(db, EVENT_TYPE_INDEX) is True
+    on = await attached(db, EVENT_TYPE_INDEX)
+    assert set(on) == await leaves(db, "outbox_messages")
+    # Each built concurrently on its partition, named after it.
+    assert on == {partition: (f"{partition}_event_type_idx", True) for partition in on}
+    # A partition made from now on has its own, from PostgreSQL.
+    step = timedelta(days=1)
+    later = naming.floor(datetime.now(UTC), step) + 10 * step
+    made = naming.partition_name("outbox_messages", later, step)
+    assert made in await partitions.ensure_partitions(db, later, later + step)
+    assert (await attached(db, EVENT_TYPE_INDEX))[made][1] is True
+    assert await migrate(db, folder) == []
+
+
+async def test_a_partitions_index_left_invalid_by_a_failed_build_is_built_again(
+    partitioned: Any, tmp_path: Path
+) -> None:
+    db = partitioned
+    row = await insert_at(db, datetime.now(UTC))
+    partition = await db.fetchval(
+        "SELECT tableoid::regclass::text FROM outbox_messages WHERE outbox_message_id = $1", row
+    )
+    with pytest.raises(asyncpg.DivisionByZeroError):  # a build that failed midway: INVALID
+        await db.execute(
+            f"CREATE INDEX CONCURRENTLY {partition}_event_type_idx"
+            f" ON {partition} ((1 / (attempt_count - attempt_count)))"
+        )
+    assert await index_valid(db, f"{partition}_event_type_idx") is False
+    folder = migrations_with(tmp_path, {"9001_event_type.sql": BUILD_INDEX})
+    assert await migrate(db, folder) == ["9001_event_type.sql"]
+    assert (await attached(db, EVENT_TYPE_INDEX))[partition] == (
+        f"{partition}_event_type_idx",
+        True,
+    )
+    assert await index_valid(db, EVENT_TYPE_INDEX) is True
+
+
+async def test_a_later_migration_drops_an_index_of_the_partitioned_table(
+    partitioned: Any, tmp_path: Path
+) -> None:
+    db = partitioned
+    extra = {"9001_event_type.sql": BUILD_INDEX, "9002_no_event_type.sql": DROP_INDEX}
+    folder = migrations_with(tmp_path, extra)
+    assert await migrate(db, folder) == list(extra)
+    assert await index_valid(db, EVENT_TYPE_INDEX) is None
+    left = await db.fetchval(
+        "SELECT count(*) FROM pg_class WHERE relkind IN ('i', 'I') AND relname LIKE $1",
+        "%event_type_idx",
+    )
+    assert left == 0
