@@ -700,7 +700,7 @@ async def due_index_bytes(conn: Any) -> int:
             "  UNION ALL SELECT c.oid FROM pg_class AS c WHERE c.oid = n::regclass "
             "  AND c.relkind = 'i'"
             ") AS t",
-            ["outbox_messages_due_idx", "outbox_messages_due_unkeyed_idx"],
+            ["outbox_messages_due_idx", "outbox_messages_pending_unkeyed_idx"],
         )
     )
 

@@ -9,7 +9,8 @@
 --   the lease is planned once per connection:
 --   docs/performance.md#the-leases-batch-size-in-its-sql
 -- * lease_batch, lease_past and next_due_in spell the due time's CASE exactly as the partial
---   indexes outbox_messages_due_idx and outbox_messages_due_unkeyed_idx do; change one, change all:
+--   index outbox_messages_due_idx does, and lease_batch's "free" the columns and condition of
+--   outbox_messages_pending_unkeyed_idx; change one, change all:
 --   docs/performance.md#the-due-indexes
 -- * parking (next_attempt_at = 'infinity') in lease_batch, its letting go in the outcome writes,
 --   release_held: docs/performance.md#parking-behind-a-held-key
@@ -117,23 +118,16 @@ WITH due AS (
 ),
 free AS (
     -- Only when the scan above met rows to park (a one-time check, else never read): the due
-    -- rows without a key, from their own index (outbox_messages_due_unkeyed_idx), which rows
-    -- behind held keys, however many and however old, never enter.
-    SELECT m.outbox_message_id, m.created_at,
-           (CASE WHEN m.status = 'Processing'
-                 THEN COALESCE(m.lease_expires_at, '-infinity'::timestamptz)
-                 ELSE m.next_attempt_at END) AS due_at
+    -- Pending rows without a key, from their own index (outbox_messages_pending_unkeyed_idx),
+    -- which rows behind held keys, however many and however old, never enter. (An expired lease
+    -- without a key is not in it: the scan above meets it in its due order.)
+    SELECT m.outbox_message_id, m.created_at, m.next_attempt_at AS due_at
     FROM outbox_messages AS m
     WHERE EXISTS (SELECT 1 FROM due WHERE due.waits_for IS NOT NULL)
       AND m.ordering_key IS NULL
-      AND m.status IN ('Pending', 'Processing')
-      AND (CASE WHEN m.status = 'Processing'
-                THEN COALESCE(m.lease_expires_at, '-infinity'::timestamptz)
-                ELSE m.next_attempt_at END) <= now()
-    ORDER BY (CASE WHEN m.status = 'Processing'
-                   THEN COALESCE(m.lease_expires_at, '-infinity'::timestamptz)
-                   ELSE m.next_attempt_at END),
-             m.created_at
+      AND m.status = 'Pending'
+      AND m.next_attempt_at <= now()
+    ORDER BY m.next_attempt_at, m.created_at
     FOR UPDATE OF m SKIP LOCKED
     LIMIT $4
 ),

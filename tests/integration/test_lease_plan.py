@@ -12,6 +12,8 @@ from outbox.store.postgres import lease_statement
 from tests.support.outbox_helpers import seed
 
 DUE_INDEX = "outbox_messages_due_idx"
+# Where the lease takes the due rows without a key beside rows behind held keys.
+PENDING_UNKEYED_INDEX = "outbox_messages_pending_unkeyed_idx"
 
 # Years of traffic in one statement: finished rows older than the due ones, as they would be.
 FILL = """
@@ -53,6 +55,7 @@ async def test_the_lease_reads_only_the_partial_index_among_many_finished_rows(d
     used = await lease_plan(db)
 
     assert any(index == DUE_INDEX for _, _, index in used), used
+    assert any(index == PENDING_UNKEYED_INDEX for _, _, index in used), used
     assert not [s for s in used if s[0] == "Seq Scan" and s[1] == "outbox_messages"], used
     # The plan is not only chosen but right: it leases the oldest due rows, and only those.
     oldest = await db.fetch(

@@ -9,7 +9,7 @@ import asyncpg
 import pytest
 
 from outbox.core.errors import MigrationError
-from outbox.store import QUERIES
+from outbox.store import QUERIES, partitions
 from outbox.store.migrate import MIGRATIONS_DIR, Migration, discover, migrate
 from tests.support import pg
 
@@ -160,6 +160,40 @@ async def test_a_new_installation_appends_attempts_to_a_range_without_a_summary(
         )
         == 1
     )
+
+
+async def test_a_partitioned_layout_converted_before_0026_takes_it_and_0027(
+    empty_db: str, tmp_path: Path
+) -> None:
+    # The upgrade of an installation on the partitioned layout: the index 0026 builds is built on
+    # each partition and attached (PostgreSQL builds none concurrently on a partitioned table),
+    # and 0027 drops the one it replaces, partitions included.
+    before = [m for m in discover() if m.name < "0026"]
+    for migration in before:
+        (tmp_path / migration.name).write_text(migration.sql, encoding="utf-8")
+    conn = await asyncpg.connect(empty_db)
+    try:
+        await migrate(conn, tmp_path)
+        await partitions.convert(conn)
+        applied = await migrate(conn)
+        assert applied == [m.name for m in discover() if m.name >= "0026"]
+        assert await index_state(conn, "outbox_messages_pending_unkeyed_idx") == (True, False)
+        assert await index_state(conn, "outbox_messages_due_unkeyed_idx") is None
+        leaves = await conn.fetchval(
+            "SELECT count(*) FROM pg_partition_tree('outbox_messages') WHERE isleaf"
+        )
+        attached = await conn.fetchval(
+            "SELECT count(*) FROM pg_inherits"
+            " WHERE inhparent = 'outbox_messages_pending_unkeyed_idx'::regclass"
+        )
+        assert leaves >= 4  # today's partitions, those ahead, the default one
+        assert attached == leaves
+        left = await conn.fetchval(
+            "SELECT count(*) FROM pg_class WHERE relname LIKE '%due_unkeyed%'"
+        )
+        assert left == 0
+    finally:
+        await conn.close()
 
 
 def with_extra(tmp_path: Path, name: str, sql: str) -> Path:
