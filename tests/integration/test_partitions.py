@@ -494,6 +494,10 @@ async def test_a_later_index_migration_is_built_on_every_partition(
     assert made in await partitions.ensure_partitions(db, later, later + step)
     assert (await attached(db, EVENT_TYPE_INDEX))[made][1] is True
     assert await migrate(db, folder) == []
+    # The way back to the plain table keeps it, as every index of the table.
+    await partitions.convert_back(db)
+    assert not await partitions.is_partitioned(db)
+    assert await index_valid(db, EVENT_TYPE_INDEX) is True
 
 
 async def test_a_partitions_index_left_invalid_by_a_failed_build_is_built_again(
