@@ -57,6 +57,9 @@ async def test_sigkill_mid_batch_loses_nothing_and_duplicates_only_in_flight_row
         raise
     killed = await doomed.kill()
     assert killed.returncode == -9
+    # A statement the relay had sent (a lease, say) runs on in its server backend and commits
+    # after the kill: the snapshot waits until that backend has noticed and gone.
+    await eventually(lambda: _other_backends_gone(db), timeout=30)
     at_kill = await _snapshot(db)
     delivered_before_kill = {r.webhook_id for r in receiver.requests}
     release.set()  # the receiver answers the dead relay's requests: nobody records them
@@ -83,6 +86,15 @@ async def test_sigkill_mid_batch_loses_nothing_and_duplicates_only_in_flight_row
         assert hits[message_id] <= attempts[message_id]
     for request in receiver.requests:
         Webhook(SECRET).verify(request.body, request.headers)
+
+
+async def _other_backends_gone(db: Any) -> bool:
+    # This database is the test's own: besides this connection, only the relay's were in it.
+    others = await db.fetchval(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+    )
+    return bool(others == 0)
 
 
 async def _snapshot(db: Any) -> dict[str, set[str]]:
