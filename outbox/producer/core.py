@@ -44,6 +44,7 @@ from outbox.core.errors import (
     TransactionRequiredError,
     describe,
 )
+from outbox.core.ids import new_message_id
 from outbox.core.text import first_control
 from outbox.producer import drivers
 
@@ -124,7 +125,7 @@ def prepare(
     limit = payload_limit() if max_payload_bytes is None else max_payload_bytes
     body = serialise_payload(payload, limit)
     generated = message_id is None
-    message_id = message_id or uuid.uuid4()
+    message_id = message_id or new_message_id()
     # The producer's trace (its active span), continued by the delivery; None without one.
     trace_context = telemetry.capture()
     return message_id, store.insert_message(

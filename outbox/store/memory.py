@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING
 from uuid import UUID
 
 from outbox.core.errors import DatabaseError
+from outbox.core.ids import new_message_id
 from outbox.core.models import LeasedMessage, Recorded
 from outbox.core.outcomes import attempt_facts
 from outbox.core.settings import DEFAULT_MAX_PAYLOAD_BYTES
@@ -94,7 +95,7 @@ class MemoryStore:
         message_id: UUID | None = None,
     ) -> UUID:
         """Insert a Pending message, due now (``insert_message``)."""
-        message_id = message_id or uuid.uuid4()
+        message_id = message_id or new_message_id()
         seq = None
         if ordering_key is not None:
             self._seq += 1

@@ -72,6 +72,17 @@ async def test_enqueue_writes_a_pending_row_due_now_in_the_callers_transaction(o
     assert await orders.fetchval("SELECT next_attempt_at <= now() FROM outbox_messages")
 
 
+async def test_generated_ids_are_uuid7_and_sort_in_the_order_they_were_made(db: Any) -> None:
+    # Time-ordered ids keep the primary keys' new entries at the right edge of their B-trees.
+    made = []
+    for i in range(200):
+        async with db.transaction():
+            made.append(await outbox.enqueue(db, "OrderCompleted", {"orderId": i}))
+    assert {m.version for m in made} == {7}
+    in_key_order = await db.fetch("SELECT outbox_message_id FROM outbox_messages ORDER BY 1")
+    assert [r["outbox_message_id"] for r in in_key_order] == made
+
+
 async def test_rollback_leaves_neither_the_business_row_nor_the_event(orders: Any) -> None:
     with pytest.raises(RuntimeError, match="boom"):
         async with orders.transaction():

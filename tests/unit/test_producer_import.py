@@ -27,6 +27,7 @@ PRODUCER_MODULES = {
     "outbox.core",
     "outbox.core.environment",  # OUTBOX_MAX_PAYLOAD_BYTES and OUTBOX_WAKEUP, read at each call
     "outbox.core.errors",
+    "outbox.core.ids",  # a generated message id
     "outbox.core.models",
     "outbox.core.telemetry",  # the active span's context, kept with the row
     "outbox.core.text",
