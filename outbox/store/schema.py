@@ -175,12 +175,15 @@ async def build_partitioned_index(conn: Connection, build: IndexBuild) -> None:
         name = build.on_partition(partition)
         valid = await conn.fetchval(QUERIES["index_valid"], name)
         if valid is False:
-            await conn.execute(f"DROP INDEX CONCURRENTLY IF EXISTS {identifier(name)}")
+            await conn.execute(
+                f"DROP INDEX CONCURRENTLY IF EXISTS {identifier(name)}", timeout=timeout
+            )
         if valid is not True:
             statement = build.statement(name, partition, concurrently=True)
             await conn.execute(statement, timeout=timeout)
         await conn.execute(
-            f"ALTER INDEX {identifier(build.index)} ATTACH PARTITION {identifier(name)}"
+            f"ALTER INDEX {identifier(build.index)} ATTACH PARTITION {identifier(name)}",
+            timeout=timeout,
         )
     if not await conn.fetchval(QUERIES["index_valid"], build.index):
         raise MigrationError(
