@@ -176,6 +176,32 @@ async def test_a_row_no_partition_covers_waits_in_the_default_partition_until_pu
     assert status["healthy"]
 
 
+async def test_the_conversions_first_attempts_partition_has_no_first_range_summary(
+    partitioned: Any,
+) -> None:
+    # The partition the conversion itself makes (not outbox_make_partition) is met as 0025's.
+    db = partitioned
+    bound = await db.fetchval("SELECT legacy_bound FROM outbox_partitioning")
+    [first] = [p for p in await partitions.partitions_of(db, "outbox_attempts") if p.lower == bound]
+    assert first.lower is not None
+    added = await db.fetchval(
+        "INSERT INTO outbox_attempts (outbox_message_id, attempt_number, lease_token, started_at,"
+        " finished_at, duration_ms, outcome, applied, recorded_at)"
+        " VALUES (gen_random_uuid(), 1, gen_random_uuid(), $1, $1, 1, 'Processed', true, $1)"
+        " RETURNING tableoid::regclass::text",
+        first.lower,
+    )
+    assert added == first.name
+    index = await db.fetchval(
+        "SELECT i.indexrelid::regclass::text FROM pg_index AS i"
+        " JOIN pg_class AS c ON c.oid = i.indexrelid JOIN pg_am AS a ON a.oid = c.relam"
+        " WHERE i.indrelid = to_regclass($1) AND a.amname = 'brin'",
+        first.name,
+    )
+    assert index is not None
+    assert await db.fetchval("SELECT brin_summarize_range($1::regclass, 0)", index) == 1
+
+
 async def test_an_attempts_partition_made_ahead_appends_to_a_range_without_a_summary(
     partitioned: Any,
 ) -> None:

@@ -156,6 +156,7 @@ async def _switch(conn: Connection) -> None:
             first = partition_name(table, bound, step)
             made = ddl.stored("create_partition", table, name=first, lower=bound, upper=first_upper)
             await ddl.run(conn, made)
+            await ddl.fetchval(conn, "unsummarise_first_ranges", first)
         await ddl.run(conn, PARTITIONED_INSERT)
         await ddl.execute(conn, "set_legacy_bound", bound)
 

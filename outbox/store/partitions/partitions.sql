@@ -207,6 +207,17 @@ ALTER TABLE outbox_attempts ALTER attempt_id DROP IDENTITY IF EXISTS;
 -- Partition {name} of {table}, from {lower} to {upper} (its storage parameters follow)
 CREATE TABLE {name} PARTITION OF {table} FOR VALUES FROM ({lower}) TO ({upper});
 
+-- unsummarise_first_ranges --
+-- The BRIN indexes of partition $1, made empty: no summary of their first range, which each row
+-- appended there would widen in the WAL, until that range is full (as migrations 0024 and 0025
+-- do for the plain table and for the partitions made later); the ranges unsummarised
+SELECT count(brin_desummarize_range(i.indexrelid, 0))
+FROM pg_index AS i
+JOIN pg_class AS c ON c.oid = i.indexrelid
+JOIN pg_am AS a ON a.oid = c.relam
+WHERE i.indrelid = to_regclass($1)
+  AND a.amname = 'brin';
+
 -- set_legacy_bound --
 UPDATE outbox_partitioning SET legacy_bound = $1;
 
