@@ -36,8 +36,8 @@ SELECT outbox_insert_message($1, $2, $3::jsonb, $4::text, $5::jsonb) AS outbox_m
 
 -- insert_new_message --
 -- insert_message for an id the producer generated (a UUIDv7 with 74 bits that differ between the
--- ids of one millisecond, never in the table): without
--- ON CONFLICT, whose speculative insertion writes one more WAL record per message.
+-- ids of one millisecond, never in the table): without ON CONFLICT, whose speculative insertion
+-- writes one more WAL record per message.
 INSERT INTO outbox_messages
     (outbox_message_id, event_type, payload, status, next_attempt_at, ordering_key, ordering_seq,
      trace_context)
